@@ -56,3 +56,148 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         """GQA group size: query head h reads kv head h // num_queries_per_kv."""
         return self.num_heads // self.num_kv_heads
+
+
+POSITION_MODES = ("absolute", "shifted")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: how many pages, their size, prefix caching and eviction.
+
+    Attributes:
+        page_size: tokens per page, >= 1.
+        num_pages: pages in the pool, >= 1; None sizes the pool from ``kv_cache_mib``.
+        kv_cache_mib: KV memory budget in MiB (float32 K and V of every layer), used when
+            ``num_pages`` is None; None with ``num_pages`` None means 256 MiB.
+        enable_prefix_caching: reuse full pages whose prefix hash matches (vLLM APC).
+        sliding_window: W >= 1: a query at position p sees keys p - W < j <= p, and pages
+            that leave the window are freed; None = full attention.
+        num_sink_tokens: S >= 0, the first S tokens stay visible and resident (StreamingLLM,
+            arXiv 2309.17453); needs ``sliding_window``.
+        position_mode: ``"absolute"`` (keys keep their RoPE positions; requests are bounded by
+            the model context) or ``"shifted"`` (positions counted inside the cache, so a windowed
+            request may run past the model context; needs ``sliding_window``).
+
+    Raises:
+        ValueError: a value outside the ranges above, naming the field.
+    """
+
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_mib: float | None = None
+    enable_prefix_caching: bool = True
+    sliding_window: int | None = None
+    num_sink_tokens: int = 0
+    position_mode: str = "absolute"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(f"CacheConfig.page_size: expected an int >= 1, got {self.page_size!r}")
+        if self.num_pages is not None and (
+            not isinstance(self.num_pages, int) or self.num_pages < 1
+        ):
+            raise ValueError(
+                f"CacheConfig.num_pages: expected None or >= 1, got {self.num_pages!r}"
+            )
+        if self.kv_cache_mib is not None and not self.kv_cache_mib > 0:
+            raise ValueError(
+                f"CacheConfig.kv_cache_mib: expected None or > 0, got {self.kv_cache_mib!r}"
+            )
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int) or self.sliding_window < 1
+        ):
+            raise ValueError(
+                f"CacheConfig.sliding_window: expected None or an int >= 1, "
+                f"got {self.sliding_window!r}"
+            )
+        if not isinstance(self.num_sink_tokens, int) or self.num_sink_tokens < 0:
+            raise ValueError(
+                f"CacheConfig.num_sink_tokens: expected an int >= 0, got {self.num_sink_tokens!r}"
+            )
+        if self.num_sink_tokens and self.sliding_window is None:
+            raise ValueError("CacheConfig.num_sink_tokens: needs sliding_window (got None)")
+        if self.position_mode not in POSITION_MODES:
+            raise ValueError(
+                f"CacheConfig.position_mode: expected one of {POSITION_MODES}, "
+                f"got {self.position_mode!r}"
+            )
+        if self.position_mode == "shifted" and self.sliding_window is None:
+            raise ValueError("CacheConfig.position_mode 'shifted': needs sliding_window (got None)")
+
+    def resolve_num_pages(self, model: ModelConfig) -> int:
+        """Pages in the pool: ``num_pages``, else the float32 KV budget over one page's bytes."""
+        if self.num_pages is not None:
+            return self.num_pages
+        mib = 256.0 if self.kv_cache_mib is None else self.kv_cache_mib
+        page_bytes = model.num_layers * 2 * model.num_kv_heads * self.page_size * model.head_dim * 4
+        num_pages = int(mib * 2**20) // page_bytes
+        if num_pages < 1:
+            raise ValueError(
+                f"CacheConfig.kv_cache_mib: {mib} MiB holds no page of {page_bytes} bytes"
+            )
+        return num_pages
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits (vLLM's ``SchedulerConfig``).
+
+    Attributes:
+        max_num_seqs: most sequences in one step, >= 1.
+        max_num_batched_tokens: most new tokens in one step (the token budget), >= 1.
+        enable_chunked_prefill: split a prompt longer than the remaining budget into chunks;
+            when off a prompt is prefilled in one step, so it must fit the budget whole.
+        max_model_len: most tokens (prompt + generated) in a request in absolute position mode;
+            None = the model's ``max_position_embeddings``. Ignored in shifted mode.
+
+    Raises:
+        ValueError: a value outside the ranges above, naming the field.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{field}: expected an int >= 1, got {value!r}")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(
+                f"SchedulerConfig.max_model_len: expected None or >= 1, got {self.max_model_len!r}"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything ``LLMEngine`` needs besides the model itself.
+
+    Attributes:
+        model: path of a GGUF file or safetensors folder; None = the embedded default model.
+        cache: the KV cache configuration.
+        scheduler: the batching configuration.
+        seed: seed of the engine generator that unseeded requests draw their own seeds from.
+
+    Raises:
+        ValueError: a negative seed, or a cache/scheduler of the wrong type.
+    """
+
+    model: str | None = None
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache, CacheConfig):
+            raise ValueError(f"EngineConfig.cache: expected a CacheConfig, got {self.cache!r}")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ValueError(
+                f"EngineConfig.scheduler: expected a SchedulerConfig, got {self.scheduler!r}"
+            )
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"EngineConfig.seed: expected an int >= 0, got {self.seed!r}")

@@ -1,0 +1,106 @@
+"""Sampler: one token id per logits row, with per-row SamplingParams and random generators.
+
+Greedy rows take the exact argmax of the float32 logits. Other rows are sampled from
+``softmax(logits / temperature)`` computed in float64 with max subtraction (so tiny temperatures
+never produce NaN), restricted first by top-k, then by top-p (nucleus, Holtzman et al. 2019,
+arXiv 1904.09751), the order vLLM and HF transformers use. Each row draws exactly one uniform
+number from its own generator, so a seeded request's tokens do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from pagedattn.sampling_params import SamplingParams
+
+
+def make_generator(seed: int) -> np.random.Generator:
+    """The per-request random generator: ``np.random.Generator(PCG64(seed))``."""
+    return np.random.Generator(np.random.PCG64(seed))
+
+
+def sampling_probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> np.ndarray:
+    """The distribution a non-greedy row samples from.
+
+    Args:
+        logits: (vocab,) float logits of one row.
+        params: its sampling parameters; ``temperature > 0``.
+
+    Returns:
+        (vocab,) float64 probabilities summing to 1, zero outside the top-k / top-p support.
+
+    Raises:
+        ValueError: logits not 1-D, or a greedy ``params`` (temperature 0).
+    """
+    if logits.ndim != 1:
+        raise ValueError(f"logits: expected shape (vocab,), got {logits.shape}")
+    if params.greedy:
+        raise ValueError("sampling_probs: temperature 0 is greedy, use argmax")
+    x = logits.astype(np.float64)
+    # Subtract the max before dividing: (x - max) / T <= 0, so even T = 5e-324 gives -inf at
+    # worst (exp -> 0), never inf - inf = NaN.
+    x = (x - x.max()) / params.temperature
+    vocab = x.shape[0]
+    if 0 < params.top_k < vocab:
+        # Exactly top_k survivors (ties broken by argpartition's order).
+        keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
+        masked = np.full_like(x, -np.inf)
+        masked[keep] = x[keep]
+        x = masked
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        sorted_p = p[order]
+        # Keep a token while the mass strictly before it is < top_p: the smallest prefix whose
+        # mass reaches top_p (always at least one token).
+        mass_before = np.cumsum(sorted_p) - sorted_p
+        drop = order[mass_before >= params.top_p]
+        p[drop] = 0.0
+        p /= p.sum()
+    return np.asarray(p, dtype=np.float64)
+
+
+def sample(
+    logits: npt.NDArray[np.floating],
+    params: Sequence[SamplingParams],
+    generators: Sequence[np.random.Generator],
+) -> npt.NDArray[np.int64]:
+    """Pick one token per row.
+
+    Args:
+        logits: (num_rows, vocab) float32 (or float64) logits.
+        params: one SamplingParams per row.
+        generators: one random generator per row (only non-greedy rows draw from it, one
+            uniform number each).
+
+    Returns:
+        (num_rows,) int64 token ids.
+
+    Raises:
+        ValueError: logits not 2-D, or ``params``/``generators`` lengths differ from num_rows.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits: expected shape (num_rows, vocab), got {logits.shape}")
+    n = logits.shape[0]
+    if len(params) != n or len(generators) != n:
+        raise ValueError(
+            f"params, generators: expected {n} entries each, got {len(params)}, {len(generators)}"
+        )
+    out = np.empty(n, dtype=np.int64)
+    for i, (row_params, gen) in enumerate(zip(params, generators, strict=True)):
+        row = logits[i]
+        if row_params.greedy:
+            out[i] = int(np.argmax(row))
+            continue
+        p = sampling_probs(row, row_params)
+        cdf = np.cumsum(p)
+        u = gen.random() * cdf[-1]
+        idx = int(np.searchsorted(cdf, u, side="right"))
+        # cdf[idx - 1] <= u < cdf[idx] picks a token with p > 0; u rounding up to cdf[-1]
+        # falls back to the last token in the support.
+        out[i] = min(idx, int(np.flatnonzero(p)[-1]))
+    return out
