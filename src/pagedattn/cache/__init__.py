@@ -1,0 +1,19 @@
+"""Paged KV cache: storage (PagePool), allocation (PageAllocator), page tables (CacheManager)."""
+
+from pagedattn.cache.allocator import CachedPage, OutOfPagesError, PageAllocator
+from pagedattn.cache.hashing import cache_namespace, hash_page_tokens, prefix_page_hashes
+from pagedattn.cache.manager import EVICTION_POLICIES, EVICTION_REASONS, CacheManager
+from pagedattn.cache.page_pool import PagePool
+
+__all__ = [
+    "EVICTION_POLICIES",
+    "EVICTION_REASONS",
+    "CacheManager",
+    "CachedPage",
+    "OutOfPagesError",
+    "PageAllocator",
+    "PagePool",
+    "cache_namespace",
+    "hash_page_tokens",
+    "prefix_page_hashes",
+]

@@ -1,0 +1,378 @@
+"""CacheManager: per-sequence page tables, slot mapping, prefix sharing, window/sink trimming.
+
+The engine-facing half of the paged KV cache (vLLM v1 ``KVCacheManager``, Kwon et al.,
+"Efficient Memory Management for LLM Serving with PagedAttention", SOSP 2023). It never touches
+KV data: it returns slot mappings and page tables for the kernels, and fork returns the page
+copies the caller applies with :meth:`PagePool.copy_pages`.
+
+Sliding window W with S sink tokens (StreamingLLM, arXiv 2309.17453): a query at position p sees
+keys j with p - W < j <= p, plus j < S. A full page with no such key for the first query being
+written, and holding no sink token, goes back to the pool at once; its page-table entry becomes -1
+("no page: those keys are not visible").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+import numpy as np
+
+from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
+from pagedattn.cache.hashing import prefix_page_hashes
+from pagedattn.cache.sequence_pages import SequencePages, validate_token_ids
+
+EvictionPolicy = Literal["reclaim", "evict_idle", "raise"]
+EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("reclaim", "evict_idle", "raise")
+#: Eviction counter names: "lru" a cached free page reused (its prefix entry dropped),
+#: "sliding_window" a page-table entry that left the window, "lossy" a live page dropped
+#: although still visible (the "evict_idle" policy, or :meth:`CacheManager.evict_oldest_page`).
+EVICTION_REASONS = ("lru", "sliding_window", "lossy")
+
+
+class CacheManager:
+    """Page tables of many sequences over one pool of ``num_pages`` pages.
+
+    Args:
+        num_pages: pages in the pool (> 0).
+        page_size: tokens per page (> 0).
+        namespace: cache namespace bytes (:func:`pagedattn.cache.hashing.cache_namespace`).
+        sliding_window: W (>= 1) or None for full attention.
+        num_sink_tokens: S >= 0, first tokens kept resident and visible whatever the window.
+        policy: what to do when no free page is left: ``"reclaim"`` (default) reuse the least
+            recently used unreferenced cached page, then raise :class:`OutOfPagesError`;
+            ``"evict_idle"`` additionally drop the oldest exclusively owned non-sink page of the
+            least recently accessed other sequence (lossy: its entry becomes -1);
+            ``"raise"`` never reuse cached pages.
+        enable_prefix_caching: hash full pages and share them between sequences.
+
+    Raises:
+        ValueError: a bad size, window, sink count or policy.
+    """
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        namespace: bytes,
+        *,
+        sliding_window: int | None = None,
+        num_sink_tokens: int = 0,
+        policy: EvictionPolicy = "reclaim",
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+        if num_sink_tokens < 0:
+            raise ValueError(f"num_sink_tokens must be >= 0, got {num_sink_tokens}")
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(f"policy must be one of {EVICTION_POLICIES}, got {policy!r}")
+        self.allocator = PageAllocator(num_pages, namespace)
+        self.page_size = page_size
+        self.namespace = namespace
+        self.sliding_window = sliding_window
+        self.num_sink_tokens = num_sink_tokens
+        self.policy: EvictionPolicy = policy
+        self.enable_prefix_caching = enable_prefix_caching
+        self.num_sink_pages = -(-num_sink_tokens // page_size)
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+        self._window_evictions = 0
+        self._lossy_evictions = 0
+        self._seqs: OrderedDict[Hashable, SequencePages] = OrderedDict()  # LRU first
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return self.allocator.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages allocatable now without lossy eviction (cached ones unless policy "raise")."""
+        return self.allocator.num_allocatable(reclaim_cached=self._reclaim)
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """Eviction counts by reason (see :data:`EVICTION_REASONS`); plain monotonic ints."""
+        return {
+            "lru": self.allocator.num_lru_evictions,
+            "sliding_window": self._window_evictions,
+            "lossy": self._lossy_evictions,
+        }
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        """KV tokens written (or prefix-cached) for the sequence; its next position."""
+        return self._get(seq_id).num_tokens
+
+    def page_table(self, seq_id: Hashable) -> list[int]:
+        """Copy of the sequence's page ids in position order; -1 where a page was dropped."""
+        return list(self._get(seq_id).page_table)
+
+    def page_tables(self, seq_ids: Sequence[Hashable], max_pages: int | None = None) -> np.ndarray:
+        """Padded page tables for the kernels.
+
+        Args:
+            seq_ids: the batch's sequences, in batch order.
+            max_pages: width; default the longest table (at least 1).
+
+        Returns:
+            int32 ``(len(seq_ids), max_pages)``, -1 past a table's end and where pages were dropped.
+
+        Raises:
+            KeyError: unknown seq_id. ValueError: ``max_pages`` shorter than a table.
+        """
+        tables = [self._get(s).page_table for s in seq_ids]
+        width = max([1, *(len(t) for t in tables)]) if max_pages is None else max_pages
+        out = np.full((len(tables), width), -1, np.int32)
+        for row, table in enumerate(tables):
+            if len(table) > width:
+                raise ValueError(f"max_pages={width} but sequence {row} has {len(table)} pages")
+            out[row, : len(table)] = table
+        return out
+
+    def can_append(self, seq_id: Hashable, num_new_tokens: int = 1) -> bool:
+        """True when :meth:`append_slots` of that many tokens needs no lossy eviction."""
+        seq = self._get(seq_id)
+        need = seq.pages_needed(num_new_tokens, self.page_size)
+        freed = sum(
+            1
+            for i in self._trim_indices(seq, seq.num_tokens)
+            if self.allocator.refcount(seq.page_table[i]) == 1
+            and (self._reclaim or self.allocator.cached_page(seq.page_table[i]) is None)
+        )
+        return need <= self.num_free_pages + freed
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def add_sequence(
+        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = ()
+    ) -> int:
+        """Register a sequence and reuse the cached full pages of its prompt's prefix.
+
+        Only full pages hit, each verified by exact token ids and parent; when the whole
+        prompt would hit, the last page is left out so at least one token is computed (the
+        model needs its logits). Write the rest with ``append_slots(seq_id, prompt[cached:])``.
+
+        Args:
+            seq_id: any hashable id not in use.
+            prompt_token_ids: (prompt_len,) integer token ids (may be empty).
+
+        Returns:
+            num_cached_tokens, a multiple of page_size, < prompt_len (0 for an empty prompt).
+
+        Raises:
+            ValueError: seq_id in use, or token ids not 1-D integers.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+        tokens = validate_token_ids(prompt_token_ids)
+        seq = SequencePages()
+        if self.enable_prefix_caching and len(tokens):
+            ps = self.page_size
+            hashes = prefix_page_hashes(tokens[: (len(tokens) - 1) // ps * ps], ps, self.namespace)
+            parent_serial: int | None = None
+            for i, page_hash in enumerate(hashes):
+                record = self.allocator.lookup(
+                    page_hash, tokens[i * ps : (i + 1) * ps].tolist(), parent_serial
+                )
+                if record is None:
+                    break
+                seq.page_table.append(self.allocator.page_of(page_hash))
+                seq.page_hashes.append(page_hash)
+                seq.serials.append(record.serial)
+                parent_serial = record.serial
+            for page_id in seq.page_table:
+                self.allocator.touch(page_id)
+            seq.num_tokens = len(seq.page_table) * ps
+            seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
+            self.prefix_query_tokens += len(tokens)
+            self.prefix_hit_tokens += seq.num_tokens
+        self._seqs[seq_id] = seq
+        return seq.num_tokens
+
+    def append_slots(self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Reserve KV slots for new tokens; a page is allocated when its first token arrives.
+
+        First drops pages outside the window of the first new token (see module doc), then
+        allocates, then registers pages that became full in the prefix index.
+
+        Args:
+            seq_id: an existing sequence.
+            token_ids: (num_new_tokens,) integer ids of the tokens being written.
+
+        Returns:
+            slot_mapping, int64 ``(num_new_tokens,)``: ``page_id * page_size + offset``.
+
+        Raises:
+            KeyError: unknown seq_id. ValueError: bad token ids.
+            OutOfPagesError: not enough pages under the policy (the sequence is unchanged
+                apart from window trimming, which would happen anyway).
+        """
+        seq = self._get(seq_id)
+        tokens = validate_token_ids(token_ids)
+        ps, n0, k = self.page_size, seq.num_tokens, len(tokens)
+        self._trim(seq, n0)
+        need = seq.pages_needed(k, ps)
+        self._reserve(need, writer=seq_id)
+        for _ in range(need):
+            seq.page_table.append(self.allocator.allocate(reclaim_cached=self._reclaim))
+        positions = np.arange(n0, n0 + k, dtype=np.int64)
+        table = np.asarray(seq.page_table, np.int64)
+        slots: np.ndarray = table[positions // ps] * ps + positions % ps
+        seq.num_tokens += k
+        if self.enable_prefix_caching:
+            seq.token_ids.extend(int(t) for t in tokens)
+            for i in range(n0 // ps, seq.num_tokens // ps):
+                seq.register_page(i, self.allocator, ps, self.namespace)
+        self._seqs.move_to_end(seq_id)
+        return slots
+
+    def trim_window(self, seq_id: Hashable) -> int:
+        """Drop pages outside the window of the newest token (call after a chunked prefill).
+
+        Returns:
+            The number of page-table entries dropped.
+        """
+        seq = self._get(seq_id)
+        return self._trim(seq, seq.num_tokens - 1) if seq.num_tokens else 0
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
+        """Create ``child_id`` sharing the parent's full pages; its partial last page is copied.
+
+        Returns:
+            ``[(src_page, dst_page)]`` page copies the caller must apply to the KV storage
+            (:meth:`PagePool.copy_pages`) before the child writes; empty when the parent's
+            last page is full.
+
+        Raises:
+            KeyError: unknown parent. ValueError: child_id in use.
+            OutOfPagesError: no page for the copy.
+        """
+        parent = self._get(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id!r} already exists")
+        partial = parent.num_tokens % self.page_size != 0
+        self._reserve(int(partial), writer=parent_id)
+        child = parent.copy()
+        copies: list[tuple[int, int]] = []
+        if partial:
+            dst = self.allocator.allocate(reclaim_cached=self._reclaim)
+            copies.append((child.page_table[-1], dst))
+            child.page_table[-1] = dst
+        for page_id in child.page_table[: len(child.page_table) - int(partial)]:
+            if page_id != -1:
+                self.allocator.touch(page_id)
+        self._seqs[child_id] = child
+        return copies
+
+    def free_sequence(self, seq_id: Hashable) -> None:
+        """Release each of the sequence's pages once (last page first, so a prefix's tail is
+        evicted before its head) and forget the sequence.
+
+        Raises:
+            KeyError: unknown seq_id.
+        """
+        seq = self._get(seq_id)
+        for page_id in reversed(seq.page_table):
+            if page_id != -1:
+                self.allocator.release(page_id)
+        del self._seqs[seq_id]
+
+    def evict_oldest_page(self, seq_id: Hashable) -> int:
+        """Lossy: drop the sequence's oldest resident full non-sink page (entry becomes -1).
+
+        The sequence's later pages are no longer registered in the prefix index (their KV was
+        computed without the dropped keys).
+
+        Returns:
+            The page id dropped.
+
+        Raises:
+            KeyError: unknown seq_id. OutOfPagesError: no such page.
+        """
+        seq = self._get(seq_id)
+        index = seq.oldest_evictable(self.num_sink_pages, self.page_size, self.allocator, False)
+        if index is None:
+            raise OutOfPagesError(f"sequence {seq_id!r} has no evictable page")
+        return self._drop_lossy(seq, index)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    @property
+    def _reclaim(self) -> bool:
+        return self.policy != "raise"
+
+    def _get(self, seq_id: Hashable) -> SequencePages:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise KeyError(f"unknown sequence {seq_id!r}") from None
+
+    def _trim_indices(self, seq: SequencePages, query_pos: int) -> range:
+        """Page indices wholly at positions <= query_pos - W: full, non-sink, not yet trimmed."""
+        if self.sliding_window is None:
+            return range(0)
+        stop = min(
+            (query_pos - self.sliding_window + 1) // self.page_size,
+            seq.num_full_pages(self.page_size),
+        )
+        return range(max(seq.trimmed_upto, self.num_sink_pages), max(stop, 0))
+
+    def _trim(self, seq: SequencePages, query_pos: int) -> int:
+        dropped = 0
+        indices = self._trim_indices(seq, query_pos)
+        for i in indices:
+            if seq.page_table[i] != -1:
+                self.allocator.release(seq.page_table[i])
+                seq.page_table[i] = -1
+                dropped += 1
+        seq.trimmed_upto = max(seq.trimmed_upto, indices.stop)
+        self._window_evictions += dropped
+        return dropped
+
+    def _reserve(self, need: int, writer: Hashable) -> None:
+        while self.num_free_pages < need:
+            if self.policy != "evict_idle" or not self._evict_idle_page(writer):
+                raise OutOfPagesError(
+                    f"need {need} pages, {self.num_free_pages} free (policy {self.policy!r})"
+                )
+
+    def _evict_idle_page(self, writer: Hashable) -> bool:
+        for seq_id, seq in self._seqs.items():  # least recently accessed first
+            if seq_id == writer:
+                continue
+            index = seq.oldest_evictable(self.num_sink_pages, self.page_size, self.allocator, True)
+            if index is not None:
+                self._drop_lossy(seq, index)
+                return True
+        return False
+
+    def _drop_lossy(self, seq: SequencePages, index: int) -> int:
+        page_id = seq.page_table[index]
+        self.allocator.release(page_id)
+        seq.page_table[index] = -1
+        seq.lossy = True
+        self._lossy_evictions += 1
+        return page_id
+
+    def check_integrity(self) -> None:
+        """Allocator invariants plus: every refcount equals the page-table entries naming the
+        page, each table has ceil(num_tokens / page_size) entries with a resident last page.
+
+        Raises:
+            AssertionError: naming the first broken invariant.
+        """
+        expected = [0] * self.num_pages
+        for seq_id, seq in self._seqs.items():
+            seq.check(self.page_size, self.enable_prefix_caching, str(seq_id))
+            for page_id in seq.page_table:
+                if page_id != -1:
+                    expected[page_id] += 1
+        self.allocator.check_integrity(expected)
