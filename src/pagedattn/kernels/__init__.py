@@ -1,0 +1,18 @@
+"""Attention kernels: pure functions over NumPy arrays (never the scheduler or Sequence).
+
+``reference_attention`` is the dense oracle; ``write_kv`` / ``paged_attention_decode`` /
+``paged_attention_prefill`` run over the page pool; ``merge_states`` combines partial states.
+"""
+
+from pagedattn.kernels.merge import merge_states
+from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
+from pagedattn.kernels.reference import reference_attention, visible_mask
+
+__all__ = [
+    "merge_states",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "reference_attention",
+    "visible_mask",
+    "write_kv",
+]

@@ -1,0 +1,114 @@
+"""Argument validation shared by the paged kernels: every failure is a ValueError naming
+the argument and the expected shape, raised before any Numba code runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.integer[Any]]
+CACHE_SHAPE = "(num_pages, num_kv_heads, page_size, head_dim)"
+
+
+def _shape_str(shape: tuple[int, ...]) -> str:
+    return (
+        "("
+        + ", ".join("?" if s < 0 else str(s) for s in shape)
+        + ("," if len(shape) == 1 else "")
+        + ")"
+    )
+
+
+def check_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> None:
+    """Raise unless ``a`` is a float32 ndarray of shape ``expected`` (-1 = any size)."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name}: expected a float32 ndarray {names}, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise ValueError(f"{name}: expected float32 {names}, got dtype {a.dtype}")
+    if a.ndim != len(expected) or any(
+        e >= 0 and e != s for e, s in zip(expected, a.shape, strict=False)
+    ):
+        raise ValueError(f"{name}: expected {names} = {_shape_str(expected)}, got {a.shape}")
+
+
+def int_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> npt.NDArray[np.int32]:
+    """Validate an integer array of shape ``expected`` (-1 = any) and return it as C int32."""
+    if not isinstance(a, np.ndarray) or not np.issubdtype(a.dtype, np.integer):
+        dtype = getattr(a, "dtype", type(a).__name__)
+        raise ValueError(f"{name}: expected an integer ndarray {names}, got {dtype}")
+    if a.ndim != len(expected) or any(
+        e >= 0 and e != s for e, s in zip(expected, a.shape, strict=False)
+    ):
+        raise ValueError(f"{name}: expected {names} = {_shape_str(expected)}, got {a.shape}")
+    if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
+        raise ValueError(f"{name}: expected values that fit int32, got {a.min()}..{a.max()}")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
+    """Validate the K/V cache pair; return (num_pages, num_kv_heads, page_size, head_dim)."""
+    if not isinstance(k_cache, np.ndarray) or k_cache.ndim != 4:
+        shape = getattr(k_cache, "shape", type(k_cache).__name__)
+        raise ValueError(f"k_cache: expected {CACHE_SHAPE}, got {shape}")
+    check_array("k_cache", k_cache, tuple(k_cache.shape), CACHE_SHAPE)
+    check_array("v_cache", v_cache, tuple(k_cache.shape), CACHE_SHAPE)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not c.flags.c_contiguous:
+            raise ValueError(f"{name}: expected a C-contiguous {CACHE_SHAPE} array (a pool view)")
+    num_pages, num_kv_heads, page_size, head_dim = k_cache.shape
+    if num_kv_heads == 0 or page_size == 0 or head_dim == 0:
+        raise ValueError(f"k_cache: expected non-empty {CACHE_SHAPE}, got {k_cache.shape}")
+    return num_pages, num_kv_heads, page_size, head_dim
+
+
+def check_window(sliding_window: int | None, num_sink_tokens: int) -> int:
+    """Validate the mask options; return the window as the kernels take it (0 = none)."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window: expected None or >= 1, got {sliding_window}")
+    if num_sink_tokens < 0:
+        raise ValueError(f"num_sink_tokens: expected >= 0, got {num_sink_tokens}")
+    return 0 if sliding_window is None else int(sliding_window)
+
+
+def check_pages(
+    tables: npt.NDArray[np.int32],
+    ctx: npt.NDArray[np.int32],
+    q_lens: npt.NDArray[np.integer[Any]],
+    page_size: int,
+    num_pages: int,
+    sliding_window: int | None,
+    num_sink_tokens: int,
+) -> None:
+    """Check context lengths against the page tables and the page ids the kernels will read.
+
+    Only pages holding a key visible to some query row are checked (the rest may be -1):
+    the sinks ``[0, min(S, ctx))`` and ``[max(p_first - W + 1, S), ctx)``, where ``p_first =
+    ctx - q_len`` is the first new row's position.
+    """
+    capacity = tables.shape[1] * page_size
+    if (ctx < 0).any() or (ctx > capacity).any():
+        s = int(np.argmax((ctx < 0) | (ctx > capacity)))
+        raise ValueError(
+            f"context_lens: expected 0 <= context_len <= max_pages_per_seq * page_size = "
+            f"{tables.shape[1]} * {page_size} = {capacity}, sequence {s} has {int(ctx[s])}"
+        )
+    ctx64 = ctx.astype(np.int64)
+    sink_end = np.minimum(num_sink_tokens, ctx64)
+    lo = np.zeros_like(ctx64)
+    if sliding_window is not None:
+        lo = np.maximum(ctx64 - q_lens - sliding_window + 1, 0)
+    rest_start = np.maximum(lo, sink_end)
+    start = np.arange(tables.shape[1], dtype=np.int64)[None, :] * page_size
+    read = (start < sink_end[:, None]) | (
+        (start < ctx64[:, None]) & (start + page_size > rest_start[:, None])
+    )
+    read &= (q_lens > 0)[:, None]
+    bad = read & ((tables < 0) | (tables >= num_pages))
+    if bad.any():
+        s, i = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"page_tables: expected page ids in [0, num_pages = {num_pages}) for every page "
+            f"read, sequence {s} entry {i} is {int(tables[s, i])}"
+        )

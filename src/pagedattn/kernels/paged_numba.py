@@ -1,0 +1,223 @@
+"""Numba inner loops of the paged attention kernels (no validation here: see ``paged.py``).
+
+Each (sequence, kv head) work item walks the page table and reads every visible
+``page_size x head_dim`` tile where it lies in the pool (PagedAttention, Kwon et al.
+2023, arXiv 2309.06180), keeping a running max / sum / accumulator per query row
+(online softmax: Milakov & Gimelshein 2018; FlashAttention-2, Dao 2023,
+arXiv 2307.08691). All query heads of a GQA group, and in prefill a block of
+query rows, consume a tile while it sits in L1, so the pool is streamed once.
+
+Fast-math flags deliberately exclude ``nnan`` / ``ninf``: the running max starts
+at ``-inf`` and masked rows must stay ``-inf`` / zero, never NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+_NEG_INF = np.float32(-np.inf)
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _attend(
+    qv: np.ndarray,
+    row_lo: np.ndarray,
+    row_hi: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    table_row: np.ndarray,
+    g: int,
+    start: int,
+    end: int,
+    acc: np.ndarray,
+    m: np.ndarray,
+    lsum: np.ndarray,
+    scores: np.ndarray,
+) -> None:
+    """Fold keys ``[start, end)`` into the running state of rows ``r`` (keys ``[row_lo, row_hi)``).
+
+    qv: (R, G, D) pre-scaled queries; acc: (R, G, D); m, lsum: (R, G); scores: (G, P) scratch.
+    The pool is indexed directly (no per-row views: a view would touch the pool's shared
+    reference count from every thread).
+    """
+    num_rows, group, head_dim = qv.shape
+    page_size = k_cache.shape[2]
+    for pi in range(start // page_size, (end - 1) // page_size + 1):
+        base = pi * page_size
+        page = table_row[pi]
+        for r in range(num_rows):
+            t0 = max(max(row_lo[r], start) - base, 0)
+            t1 = min(min(row_hi[r], end) - base, page_size)
+            if t0 >= t1:
+                continue
+            for t in range(t0, t1):  # K row t stays in L1 for every head of the group
+                for h in range(group):
+                    s = np.float32(0.0)
+                    for d in range(head_dim):
+                        s += qv[r, h, d] * k_cache[page, g, t, d]
+                    scores[h, t] = s
+            for h in range(group):
+                tile_max = _NEG_INF
+                for t in range(t0, t1):
+                    tile_max = max(tile_max, scores[h, t])
+                m_old = m[r, h]
+                m_new = max(m_old, tile_max)
+                alpha = np.float32(0.0) if m_old == _NEG_INF else np.exp(m_old - m_new)
+                total = lsum[r, h] * alpha
+                for d in range(head_dim):
+                    acc[r, h, d] *= alpha
+                for t in range(t0, t1):
+                    e = np.exp(scores[h, t] - m_new)
+                    scores[h, t] = e
+                    total += e
+                lsum[r, h] = total
+                m[r, h] = m_new
+            for t in range(t0, t1):
+                for h in range(group):
+                    e = scores[h, t]
+                    for d in range(head_dim):
+                        acc[r, h, d] += e * v_cache[page, g, t, d]
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _finish(
+    acc: np.ndarray,
+    m: np.ndarray,
+    lsum: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    row0: int,
+    g: int,
+) -> None:
+    """Write ``acc / lsum`` and ``m + log(lsum)`` from flat row ``row0`` on (0, -inf if unseen)."""
+    num_rows, group, head_dim = acc.shape
+    for r in range(num_rows):
+        for h in range(group):
+            head = g * group + h
+            total = lsum[r, h]
+            if total > 0:
+                inv = np.float32(1.0) / total
+                for d in range(head_dim):
+                    out[row0 + r, head, d] = acc[r, h, d] * inv
+                lse[row0 + r, head] = m[r, h] + np.log(total)
+            else:
+                for d in range(head_dim):
+                    out[row0 + r, head, d] = 0.0
+                lse[row0 + r, head] = _NEG_INF
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _block(
+    q: np.ndarray,
+    q_sink: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    table_row: np.ndarray,
+    g: int,
+    row0: int,
+    q1st: int,
+    n_rows: int,
+    ctx: int,
+    q_len: int,
+    scale: np.float32,
+    window: int,
+    num_sink: int,
+    out: np.ndarray,
+    lse: np.ndarray,
+) -> None:
+    """Rows ``q1st ..+ n_rows`` of ``q_len`` new tokens (flat row ``row0``) over kv head ``g``."""
+    head_dim = q.shape[2]
+    group = q.shape[1] // k_cache.shape[1]
+    acc = np.zeros((n_rows, group, head_dim), np.float32)
+    m = np.full((n_rows, group), _NEG_INF, np.float32)
+    lsum = np.zeros((n_rows, group), np.float32)
+    scores = np.empty((group, k_cache.shape[2]), np.float32)
+    qv = np.empty((n_rows, group, head_dim), np.float32)
+    lo = np.empty(n_rows, np.int64)
+    hi = np.empty(n_rows, np.int64)
+    p_last = ctx - q_len + q1st + n_rows - 1
+    sink_end = min(num_sink, p_last + 1)
+    # Keys [0, sink_end): the attention sinks, scored with q_sink.
+    if sink_end > 0:
+        for r in range(n_rows):
+            hi[r] = min(sink_end, ctx - q_len + q1st + r + 1)
+            lo[r] = 0
+            for h in range(group):
+                for d in range(head_dim):
+                    qv[r, h, d] = q_sink[row0 + r, g * group + h, d] * scale
+        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, 0, sink_end, acc, m, lsum, scores)
+    # Keys [rest_start, p_last]: the causal window, scored with q.
+    rest_start = sink_end
+    for r in range(n_rows):
+        p = ctx - q_len + q1st + r
+        lo[r] = sink_end if window <= 0 else max(sink_end, p - window + 1)
+        hi[r] = p + 1
+        if r == 0:
+            rest_start = lo[0]
+        for h in range(group):
+            for d in range(head_dim):
+                qv[r, h, d] = q[row0 + r, g * group + h, d] * scale
+    if rest_start <= p_last:
+        _attend(
+            qv, lo, hi, k_cache, v_cache, table_row, g, rest_start, p_last + 1, acc, m, lsum, scores
+        )
+    _finish(acc, m, lsum, out, lse, row0, g)
+
+
+@njit(parallel=True, fastmath=_FASTMATH, cache=True)
+def decode_kernel(
+    q: np.ndarray,
+    q_sink: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    page_tables: np.ndarray,
+    context_lens: np.ndarray,
+    scale: np.float32,
+    window: int,
+    num_sink: int,
+    out: np.ndarray,
+    lse: np.ndarray,
+) -> None:
+    """One query row per sequence; parallel over (sequence, kv head). window <= 0: none."""
+    num_seqs = q.shape[0]
+    num_kv_heads = k_cache.shape[1]
+    for item in prange(num_seqs * num_kv_heads):
+        s = item // num_kv_heads
+        g = item % num_kv_heads
+        ctx = context_lens[s]
+        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale, window,
+               num_sink, out, lse)  # fmt: skip
+
+
+@njit(parallel=True, fastmath=_FASTMATH, cache=True)
+def prefill_kernel(
+    q: np.ndarray,
+    q_sink: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    page_tables: np.ndarray,
+    query_start_loc: np.ndarray,
+    context_lens: np.ndarray,
+    item_seq: np.ndarray,
+    item_q1st: np.ndarray,
+    block_rows: int,
+    scale: np.float32,
+    window: int,
+    num_sink: int,
+    out: np.ndarray,
+    lse: np.ndarray,
+) -> None:
+    """Parallel over (query block, kv head); block w covers rows item_q1st[w].. of item_seq[w]."""
+    num_kv_heads = k_cache.shape[1]
+    for item in prange(item_seq.shape[0] * num_kv_heads):
+        w = item // num_kv_heads
+        g = item % num_kv_heads
+        s = item_seq[w]
+        q1st = item_q1st[w]
+        q_len = query_start_loc[s + 1] - query_start_loc[s]
+        n_rows = min(block_rows, q_len - q1st)
+        row0 = query_start_loc[s] + q1st
+        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, row0, q1st, n_rows,
+               context_lens[s], q_len, scale, window, num_sink, out, lse)  # fmt: skip

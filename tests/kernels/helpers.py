@@ -1,0 +1,44 @@
+"""Build paged caches from dense per-sequence K/V for the kernel tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagedattn.kernels import write_kv
+
+
+def scatter_sequences(
+    ks: list[np.ndarray],
+    vs: list[np.ndarray],
+    page_size: int,
+    rng: np.random.Generator,
+    *,
+    extra_pages: int = 3,
+    fill: float = np.nan,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Write each sequence's dense (k_len, num_kv_heads, head_dim) K/V into shuffled pages.
+
+    Returns (k_cache, v_cache, page_tables); unused slots hold ``fill`` and unused table
+    entries are -1.
+    """
+    num_kv_heads, head_dim = ks[0].shape[1], ks[0].shape[2]
+    pages_per_seq = [-(-k.shape[0] // page_size) for k in ks]
+    num_pages = sum(pages_per_seq) + extra_pages
+    max_pages = max([*pages_per_seq, 1]) + 1
+    shape = (num_pages, num_kv_heads, page_size, head_dim)
+    k_cache = np.full(shape, fill, np.float32)
+    v_cache = np.full(shape, fill, np.float32)
+    tables = np.full((len(ks), max_pages), -1, np.int32)
+    free = rng.permutation(num_pages).astype(np.int32)
+    used = 0
+    for s, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        n = pages_per_seq[s]
+        tables[s, :n] = free[used : used + n]
+        used += n
+        j = np.arange(k.shape[0])
+        write_kv(k_cache, v_cache, k, v, tables[s, j // page_size] * page_size + j % page_size)
+    return k_cache, v_cache, tables
+
+
+def randn(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
