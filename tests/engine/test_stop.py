@@ -70,8 +70,11 @@ def test_streamed_text_equals_the_cut_full_text(full: str, cuts: list[int]) -> N
 class _Chars:
     """A text stream where token id t is the character chr(t)."""
 
-    def add(self, token_id: int) -> str:
+    def add_token(self, token_id: int) -> str:
         return chr(token_id)
+
+    def flush(self) -> str:
+        return ""
 
 
 def _seq(params: SamplingParams) -> Sequence:

@@ -42,7 +42,8 @@ def sampling_probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> 
     x = logits.astype(np.float64)
     # Subtract the max before dividing: (x - max) / T <= 0, so even T = 5e-324 gives -inf at
     # worst (exp -> 0), never inf - inf = NaN.
-    x = (x - x.max()) / params.temperature
+    with np.errstate(over="ignore"):
+        x = (x - x.max()) / params.temperature
     vocab = x.shape[0]
     if 0 < params.top_k < vocab:
         # Exactly top_k survivors (ties broken by argpartition's order).

@@ -25,9 +25,14 @@ from pagedattn.sampling_params import SamplingParams
 
 
 class TextStream(Protocol):
-    """Incremental detokenizer: one token id in, the new text out (never half a character)."""
+    """Incremental detokenizer: one token id in, the new text out (never half a character).
 
-    def add(self, token_id: int) -> str: ...
+    ``pagedattn.model.detokenizer.IncrementalDetokenizer`` implements it.
+    """
+
+    def add_token(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
 
 
 class SequenceStatus(enum.Enum):
@@ -136,7 +141,7 @@ class Sequence:
             self.finish(FINISH_STOP, now)
             return
         if self.text_stream is not None:
-            delta, stopped = self._stop.add(self.text_stream.add(token_id))
+            delta, stopped = self._stop.add(self.text_stream.add_token(token_id))
             self._pending_text += delta
             if stopped:
                 self.finish(FINISH_STOP, now)
@@ -153,6 +158,11 @@ class Sequence:
         self.finish_reason = reason
         self.error = error
         self.metrics.finish_time = now
+        if not self._stop.stopped and self.text_stream is not None:
+            # Unless a stop string matched, the detokenizer's held-back unfinished character is
+            # the last text; it may itself complete a stop string (then cut, reason unchanged).
+            delta, _ = self._stop.add(self.text_stream.flush())
+            self._pending_text += delta
         self._pending_text += self._stop.flush()
 
     def preempt(self) -> None:

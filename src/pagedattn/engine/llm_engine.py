@@ -1,0 +1,209 @@
+"""LLMEngine: add requests, step the model, stream outputs (vLLM's ``LLMEngine`` shape).
+
+Not thread-safe: one caller drives ``add_request`` / ``step`` / ``abort`` (a server runs them
+on one loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Sequence as SequenceABC
+from typing import Any
+
+import numpy as np
+
+from pagedattn.cache import CacheManager, PagePool, cache_namespace
+from pagedattn.config import EngineConfig, ModelConfig
+from pagedattn.engine.model_runner import Model, ModelRunner
+from pagedattn.engine.outputs import RequestOutput
+from pagedattn.engine.sampler import make_generator
+from pagedattn.engine.scheduler import Scheduler
+from pagedattn.engine.sequence import Sequence
+from pagedattn.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """Continuous-batching generation over a paged KV cache.
+
+    Args:
+        config: cache, scheduler and seed configuration (``config.model`` is only used by
+            :meth:`from_config`).
+        model: the model (``pagedattn.model.llama.LlamaModel``); needs ``.config`` (ModelConfig)
+            and ``forward(batch, kv)``.
+        tokenizer: ``pagedattn.model.tokenizer.Tokenizer`` for text prompts, streamed text and
+            its stop token ids; None = token-id prompts only, empty output text, and the model
+            config's ``eos_token_id`` as the only end-of-sequence id.
+        model_fingerprint: stable id of the weights, part of the prefix cache namespace.
+
+    Raises:
+        ValueError: a KV budget that holds no page.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: Model,
+        tokenizer: Any = None,
+        *,
+        model_fingerprint: str = "unnamed-model",
+    ) -> None:
+        mc: ModelConfig = model.config  # type: ignore[attr-defined]
+        cc, sc = config.cache, config.scheduler
+        self.config = config
+        self.model_config = mc
+        self.tokenizer = tokenizer
+        num_pages = cc.resolve_num_pages(mc)
+        self.page_pool = PagePool(
+            mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim
+        )
+        namespace = cache_namespace(
+            model_fingerprint=model_fingerprint,
+            dtype="float32",
+            page_size=cc.page_size,
+            num_layers=mc.num_layers,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            rope_theta=mc.rope_theta,
+            sliding_window=cc.sliding_window,
+            num_sink_tokens=cc.num_sink_tokens,
+            position_mode=cc.position_mode,
+        )
+        self.cache_manager = CacheManager(
+            num_pages,
+            cc.page_size,
+            namespace,
+            sliding_window=cc.sliding_window,
+            num_sink_tokens=cc.num_sink_tokens,
+            enable_prefix_caching=cc.enable_prefix_caching,
+        )
+        if tokenizer is not None:
+            eos: frozenset[int] = frozenset(tokenizer.stop_token_ids)
+        else:
+            eos = frozenset() if mc.eos_token_id is None else frozenset({mc.eos_token_id})
+        bounded = cc.position_mode == "absolute" and cc.sliding_window is None
+        max_model_len = sc.max_model_len
+        if max_model_len is None and bounded:
+            max_model_len = mc.max_position_embeddings
+        self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_model_len)
+        self.runner = ModelRunner(model, self.page_pool.kv, cc)
+        self._rng = np.random.default_rng(config.seed)
+        self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
+        """Load ``config.model`` (None = the embedded SmolLM2) and build an engine on it.
+
+        Raises:
+            FileNotFoundError, ValueError: from :func:`pagedattn.model.loader.load_model`.
+        """
+        from pagedattn.model.llama import LlamaModel
+        from pagedattn.model.loader import load_model
+
+        config = EngineConfig() if config is None else config
+        loaded = load_model(config.model)
+        model = LlamaModel(loaded.config, loaded.weights)
+        return cls(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
+
+    # ---- requests --------------------------------------------------------------------------
+    def encode(self, prompt: str | SequenceABC[int]) -> list[int]:
+        """Prompt token ids (text goes through the tokenizer).
+
+        Raises:
+            ValueError: text without a tokenizer, an empty prompt, or an id outside the vocab.
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text needs a tokenizer; pass token ids instead")
+            ids = [int(t) for t in self.tokenizer.encode(prompt)]
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("prompt: expected at least one token, got none")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}")
+        return ids
+
+    def add_request(
+        self,
+        prompt: str | SequenceABC[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; its outputs come from later :meth:`step` calls.
+
+        Args:
+            prompt: text, or token ids.
+            params: sampling parameters (default ``SamplingParams()``).
+            request_id: unique id; None = a fresh uuid4 hex.
+
+        Returns:
+            The request id. A request that can never run (see ``Scheduler.add``) is still
+            accepted here and finishes at the next step with a rejection finish reason.
+
+        Raises:
+            ValueError: a bad prompt (see :meth:`encode`) or a request id already in use.
+        """
+        params = SamplingParams() if params is None else params
+        request_id = uuid.uuid4().hex if request_id is None else request_id
+        ids = self.encode(prompt)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
+        text_stream = None
+        if self.tokenizer is not None:
+            from pagedattn.model.detokenizer import IncrementalDetokenizer
+
+            text_stream = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            generator=make_generator(seed),
+            arrival_time=time.monotonic(),
+            text_stream=text_stream,
+            max_model_len=self.scheduler.max_model_len,
+        )
+        self.scheduler.add(seq)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step: schedule, run the model once, apply the sampled tokens.
+
+        Returns:
+            One RequestOutput per request that produced a token or finished this step.
+        """
+        batch = self.scheduler.schedule()
+        token_ids = self.runner.run(batch)
+        return self.scheduler.postprocess(batch, token_ids)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request wherever it is; its pages are freed once; the next step returns its
+        final output with finish reason "abort". Returns False for unknown/finished ids."""
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits, runs, or has an output not yet returned by step()."""
+        return self.scheduler.has_unfinished()
+
+    def get_stats(self) -> dict[str, Any]:
+        """Plain counters for metrics (see :class:`pagedattn.engine.stats.SchedulerStats`).
+
+        Keys: every SchedulerStats field, ``num_running``, ``num_waiting``, ``num_pages``,
+        ``num_free_pages``, ``kv_cache_usage`` (fraction of pages referenced), and
+        ``evictions`` (dict reason -> count from the cache manager).
+        """
+        s = self.scheduler.stats
+        pages = self.cache_manager.num_pages
+        referenced = pages - self.cache_manager.allocator.num_free_pages
+        return {
+            **{k: (dict(v) if k == "num_finished" else v) for k, v in vars(s).items()},
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_pages": pages,
+            "num_free_pages": self.cache_manager.num_free_pages,
+            "kv_cache_usage": referenced / pages,
+            "evictions": self.cache_manager.evictions,
+        }
