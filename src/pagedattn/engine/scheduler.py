@@ -113,6 +113,10 @@ class Scheduler:
         self._finish_outside_step(seq)
         return True
 
+    def get(self, request_id: str) -> Sequence | None:
+        """The waiting or running sequence of a request, None when unknown or finished."""
+        return self._requests.get(request_id)
+
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running, or an output is still to be returned."""
         return bool(self.waiting or self.running or self._pending)
