@@ -199,3 +199,15 @@ def test_page_tables_padding_and_errors() -> None:
         m.add_sequence("a")
     with pytest.raises(ValueError, match="integer"):
         m.append_slots("a", [1.5])
+
+
+def test_can_append_skips_pages_already_dropped_inside_the_trim_range() -> None:
+    m = CacheManager(4, 4, NS, sliding_window=9, enable_prefix_caching=False)
+    m.add_sequence("s")
+    m.append_slots("s", list(range(12)))  # one chunk: nothing trimmed yet
+    assert m.evict_oldest_page("s") == 0  # lossy hole inside the range the window will trim
+    assert m.can_append("s", 1) is True
+    m.append_slots("s", [12])
+    assert m.page_table("s") == [-1, 1, 2, 0]
+    assert m.evictions == {"lru": 0, "sliding_window": 0, "lossy": 1}
+    m.check_integrity()

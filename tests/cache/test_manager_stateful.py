@@ -41,10 +41,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.flat = self.pool.k_cache(0).reshape(-1)
 
     def _write(self, seq: int, new: list[int]) -> None:
+        predicted = self.m.can_append(seq, len(new))
         try:
             slots = self.m.append_slots(seq, new)
         except OutOfPagesError:
+            assert not predicted
             return
+        # can_append is exact, except that "evict_idle" may still succeed by lossy eviction
+        assert predicted or self.m.policy == "evict_idle"
         assert slots.shape == (len(new),) and slots.dtype == np.int64
         self.flat[slots] = new
         self.tokens[seq].extend(new)

@@ -144,7 +144,8 @@ class CacheManager:
         freed = sum(
             1
             for i in self._trim_indices(seq, seq.num_tokens)
-            if self.allocator.refcount(seq.page_table[i]) == 1
+            if seq.page_table[i] != -1
+            and self.allocator.refcount(seq.page_table[i]) == 1
             and (self._reclaim or self.allocator.cached_page(seq.page_table[i]) is None)
         )
         return need <= self.num_free_pages + freed

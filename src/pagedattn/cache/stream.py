@@ -1,0 +1,177 @@
+"""KVStream: one token stream through the paged cache (single-sequence facade for demos/tests).
+
+Each :meth:`KVStream.step` writes one token's K/V into the page pool with ``write_kv`` and attends
+its query over every resident page inside the window plus the sink pages with
+``paged_attention_decode``. Memory stays bounded: with a sliding window W, pages leave as the
+window passes (StreamingLLM, arXiv 2309.17453); when the pool is still too small (or there is no
+window) and ``eviction="evict_idle"``, the stream drops its own oldest non-sink page (lossy).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pagedattn.cache.manager import EVICTION_POLICIES, CacheManager, EvictionPolicy
+from pagedattn.cache.page_pool import PagePool
+
+_SEQ = 0
+
+
+class KVStream:
+    """A bounded paged KV cache for a single stream of decode steps.
+
+    Args:
+        num_heads: query heads (a multiple of ``num_kv_heads``).
+        num_kv_heads: KV heads (GQA groups).
+        head_dim: per-head width.
+        page_size: tokens per page.
+        max_pages: pages in the pool; resident pages never exceed it.
+        sliding_window: W keys visible to each query (itself included), or None for all.
+        num_sink_tokens: S first tokens kept resident and visible.
+        eviction: ``"evict_idle"`` (drop the oldest non-sink page when the pool is full),
+            ``"reclaim"`` or ``"raise"`` (raise :class:`OutOfPagesError` instead).
+        scale: attention scale, default ``1 / sqrt(head_dim)``.
+
+    Raises:
+        ValueError: a bad size, head split, window, sink count or eviction name.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int = 16,
+        max_pages: int = 8,
+        sliding_window: int | None = 64,
+        num_sink_tokens: int = 0,
+        eviction: EvictionPolicy = "evict_idle",
+        scale: float | None = None,
+    ) -> None:
+        if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
+                f"({num_kv_heads})"
+            )
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self.max_pages = max_pages
+        self.sliding_window = sliding_window
+        self.num_sink_tokens = num_sink_tokens
+        self.eviction: EvictionPolicy = eviction
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        self.pool = PagePool(1, max_pages, num_kv_heads, page_size, head_dim)
+        self.manager = CacheManager(
+            max_pages,
+            page_size,
+            b"kvstream",
+            sliding_window=sliding_window,
+            num_sink_tokens=num_sink_tokens,
+            policy=eviction,
+            enable_prefix_caching=False,
+        )
+        self.manager.add_sequence(_SEQ)
+        self.tokens_attended = 0
+        self.max_pages_resident = 0
+
+    # ---- measurements --------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens written so far (the next token's position)."""
+        return self.manager.num_tokens(_SEQ)
+
+    @property
+    def page_table(self) -> list[int]:
+        """Page ids in position order; -1 for pages that left the cache."""
+        return self.manager.page_table(_SEQ)
+
+    @property
+    def pages_resident(self) -> int:
+        """Pages the stream holds now."""
+        return sum(p != -1 for p in self.page_table)
+
+    @property
+    def pages_evicted(self) -> int:
+        """Pages dropped so far (left the window, or lossy eviction of the oldest page)."""
+        ev = self.manager.evictions
+        return ev["sliding_window"] + ev["lossy"]
+
+    def resident_pages(self) -> list[tuple[int, int, int]]:
+        """``(page_id, first_position, last_position)`` of every resident page, position order.
+
+        ``last_position`` is the last position written (a partial last page ends early).
+        """
+        ps, n = self.page_size, self.num_tokens
+        return [
+            (page_id, i * ps, min((i + 1) * ps, n) - 1)
+            for i, page_id in enumerate(self.page_table)
+            if page_id != -1
+        ]
+
+    def attended_positions(self) -> np.ndarray:
+        """int64 positions the newest token attends: resident and visible (window or sink)."""
+        newest = self.num_tokens - 1
+        lo = -1 if self.sliding_window is None else newest - self.sliding_window
+        out = [
+            np.arange(first, last + 1, dtype=np.int64) for _, first, last in self.resident_pages()
+        ]
+        pos = np.concatenate(out) if out else np.zeros(0, np.int64)
+        keep: np.ndarray = pos[(pos > lo) | (pos < self.num_sink_tokens)]
+        return keep
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Write one token's K/V and attend its query over the resident visible keys.
+
+        Args:
+            q: float32 ``(num_heads, head_dim)``.
+            k, v: float32 ``(num_kv_heads, head_dim)``.
+
+        Returns:
+            float32 ``(num_heads, head_dim)`` attention output.
+
+        Raises:
+            ValueError: a wrong shape or dtype (the message names the expected shape).
+            OutOfPagesError: no page for the token (eviction "raise"/"reclaim", or only sink
+                pages left to drop).
+        """
+        from pagedattn.kernels import paged_attention_decode, write_kv
+
+        self._check("q", q, (self.num_heads, self.head_dim), "(num_heads, head_dim)")
+        kv_names = "(num_kv_heads, head_dim)"
+        self._check("k", k, (self.num_kv_heads, self.head_dim), kv_names)
+        self._check("v", v, (self.num_kv_heads, self.head_dim), kv_names)
+        if self.eviction == "evict_idle" and not self.manager.can_append(_SEQ, 1):
+            self.manager.evict_oldest_page(_SEQ)
+        slots = self.manager.append_slots(_SEQ, [self.num_tokens])
+        k_cache, v_cache = self.pool.k_cache(0), self.pool.v_cache(0)
+        write_kv(k_cache, v_cache, k[None], v[None], slots)
+        out = paged_attention_decode(
+            q[None],
+            k_cache,
+            v_cache,
+            self.manager.page_tables([_SEQ]),
+            np.array([self.num_tokens], np.int32),
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+            num_sink_tokens=self.num_sink_tokens,
+        )
+        assert isinstance(out, np.ndarray)
+        self.tokens_attended = int(self.attended_positions().size)
+        self.max_pages_resident = max(self.max_pages_resident, self.pages_resident)
+        result: np.ndarray = out[0]
+        return result
+
+    @staticmethod
+    def _check(name: str, a: np.ndarray, shape: tuple[int, int], names: str) -> None:
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
+            got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ValueError(f"{name}: expected float32 {names} = {shape}, got {got}")

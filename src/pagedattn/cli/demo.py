@@ -1,0 +1,76 @@
+"""`pagedattn demo`: stream random tokens through the paged KV cache, checked at every step."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedattn.cli.app import app
+
+
+@app.command("demo")
+def demo(
+    tokens: Annotated[int, typer.Option("--tokens", "-t", min=1, help="Tokens to stream.")] = 512,
+    page_size: Annotated[int, typer.Option(min=1, help="Tokens per page.")] = 16,
+    max_pages: Annotated[int, typer.Option(min=1, help="Pages in the pool.")] = 8,
+    sliding_window: Annotated[
+        int, typer.Option(min=0, help="Window W in tokens; 0 = none (LRU page eviction).")
+    ] = 64,
+    sinks: Annotated[int, typer.Option(min=0, help="Sink tokens S kept visible.")] = 0,
+    num_heads: Annotated[int, typer.Option(min=1)] = 9,
+    num_kv_heads: Annotated[int, typer.Option(min=1)] = 3,
+    head_dim: Annotated[int, typer.Option(min=1)] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0,
+) -> None:
+    """Check every step against the dense reference; exit 1 on any mismatch above 1e-5 or if
+    resident pages ever exceed --max-pages."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from pagedattn.demo import run_demo
+
+    if num_heads % num_kv_heads:
+        raise typer.BadParameter(
+            f"--num-heads ({num_heads}) must be a multiple of --num-kv-heads ({num_kv_heads})"
+        )
+    console = Console()
+    with Progress(console=console, transient=True, disable=tokens < 1000) as progress:
+        task = progress.add_task("streaming", total=tokens)
+        report = run_demo(
+            tokens=tokens,
+            page_size=page_size,
+            max_pages=max_pages,
+            sliding_window=sliding_window or None,
+            num_sink_tokens=sinks,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            seed=seed,
+            on_step=lambda: progress.advance(task),
+        )
+
+    table = Table(
+        title=f"pagedattn demo: {tokens} tokens, page_size {page_size}", show_header=False
+    )
+    table.add_row("pages resident (max / limit)", f"{report.max_pages_resident} / {max_pages}")
+    table.add_row("pages resident (end)", str(report.final_pages_resident))
+    table.add_row("pages evicted", str(report.pages_evicted))
+    table.add_row("evictions by reason", ", ".join(f"{k}={v}" for k, v in report.evictions.items()))
+    table.add_row(
+        "tokens attended per step (min / mean / max)",
+        f"{report.attended_min} / {report.attended_mean:.1f} / {report.attended_max}",
+    )
+    table.add_row("max abs error vs dense reference", f"{report.max_abs_error:.2e}")
+    table.add_row(
+        "per-token latency p50 / p99",
+        f"{report.latency_p50_us:.1f} us / {report.latency_p99_us:.1f} us",
+    )
+    console.print(table)
+    for failure in report.failures[:20]:
+        console.print(f"[red]FAIL[/red] {failure}")
+    if not report.ok:
+        console.print(f"[red]{len(report.failures)} check(s) failed[/red]")
+        raise typer.Exit(code=1)
+    console.print("[green]all steps match the dense reference[/green]")
