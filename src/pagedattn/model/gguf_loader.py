@@ -1,0 +1,192 @@
+"""Read a llama.cpp GGUF file: metadata -> ModelConfig, tensors -> float32 in Hugging Face layout.
+
+Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, parsed with the ``gguf``
+package (``GGUFReader`` + ``gguf.quants.dequantize``). llama.cpp's converter permutes the rows of
+``attn_q`` / ``attn_k`` so that its interleaved ("GPT-J") RoPE matches the rotate-half RoPE of the
+Hugging Face checkpoint; :func:`reverse_permute` undoes that exactly as transformers' GGUF
+integration does, so our weights are in HF layout and we use HF's rotate-half RoPE.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pagedattn.config import ModelConfig
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.").
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """Hugging Face name of a GGUF tensor, or None for tensors a Llama forward does not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def reverse_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves).
+
+    Args:
+        weight: (num_heads * head_dim, in_features) float32 as stored in the GGUF.
+        num_heads: heads of this projection (num_heads for q, num_kv_heads for k).
+
+    Returns:
+        (num_heads * head_dim, in_features) float32 in Hugging Face row order.
+    """
+    rows = weight.shape[0]
+    if weight.ndim != 2 or rows % (2 * num_heads):
+        raise ValueError(
+            f"q/k projection of shape {weight.shape}: rows must be a multiple of 2 * {num_heads}"
+        )
+    half = rows // num_heads // 2
+    w = weight.reshape(num_heads, half, 2, *weight.shape[1:])  # (heads, head_dim/2, 2, in)
+    return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weight.shape))  # (heads*head_dim, in)
+
+
+def open_gguf(path: Path) -> Any:
+    """Parse a GGUF header with ``gguf.GGUFReader``, checking every tensor lies inside the file.
+
+    Raises:
+        ValueError: the file is not a GGUF, is truncated or otherwise unparsable.
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except Exception as exc:  # the reader raises several types on garbage input
+        raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    size = os.path.getsize(path)
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size or tensor.data.nbytes != int(tensor.n_bytes):
+            raise ValueError(
+                f"{path}: truncated GGUF: tensor {tensor.name!r} needs bytes up to {end}, "
+                f"file has {size}"
+            )
+    return reader
+
+
+def field_value(reader: Any, key: str, default: Any = None) -> Any:
+    """A GGUF metadata value (scalar, string or list), or ``default`` when the key is absent."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def gguf_config(reader: Any, path: Path) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (``{arch}.block_count`` etc.).
+
+    Raises:
+        ValueError: unsupported architecture, missing required key, unsupported RoPE scaling or
+            partial rotary dimension.
+    """
+    arch = field_value(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: unsupported architecture {arch!r}; supported: {list(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def req(key: str) -> Any:
+        value = field_value(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"{path}: missing GGUF metadata key {arch}.{key!s}")
+        return value
+
+    scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
+    factor = float(field_value(reader, f"{arch}.rope.scaling.factor", 1.0))
+    if scaling not in ("none", "") and factor != 1.0:
+        raise ValueError(f"{path}: RoPE scaling {scaling!r} (factor {factor}) is not supported")
+    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
+    head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    rot = int(field_value(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise ValueError(
+            f"{path}: partial RoPE (rope.dimension_count {rot} != head_dim {head_dim}) "
+            "is not supported"
+        )
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = field_value(reader, f"{arch}.vocab_size")
+    if vocab is None and tokens is not None:
+        vocab = len(tokens.data)
+    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
+    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=int(vocab) if vocab is not None else 0,
+        hidden_size=hidden,
+        intermediate_size=int(req("feed_forward_length")),
+        num_layers=int(req("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(field_value(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rope_theta=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(req("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(req("context_length")),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_id=None if eos is None else int(eos),
+        architecture=str(arch),
+        name=str(field_value(reader, "general.name", path.stem)),
+    )
+
+
+def gguf_weights(reader: Any, config: ModelConfig) -> dict[str, np.ndarray]:
+    """Dequantize every used tensor to float32, renamed to HF and with q/k rows un-permuted.
+
+    Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+    K-quants...).
+
+    Raises:
+        ValueError: a tensor type the ``gguf`` package cannot dequantize.
+    """
+    from gguf.quants import dequantize
+
+    weights: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        try:
+            w = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ValueError(
+                f"tensor {tensor.name!r}: type {tensor.tensor_type.name} is not supported"
+            ) from exc
+        # GGUF lists dims fastest-first; numpy wants them slowest-first.
+        w = np.asarray(w, dtype=np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
+        if name.endswith("q_proj.weight"):
+            w = reverse_permute(w, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            w = reverse_permute(w, config.num_kv_heads)
+        weights[name] = np.ascontiguousarray(w)
+    return weights
+
+
+def gguf_tokenizer_metadata(reader: Any) -> dict[str, Any]:
+    """Every ``tokenizer.*`` metadata value of the file (vocabulary, merges, types, template...)."""
+    return {key: field_value(reader, key) for key in reader.fields if key.startswith("tokenizer.")}
