@@ -21,7 +21,7 @@ import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
 from pagedattn.cache.hashing import prefix_page_hashes
-from pagedattn.cache.sequence_pages import SequencePages, validate_token_ids
+from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
 
 EvictionPolicy = Literal["reclaim", "evict_idle", "raise"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("reclaim", "evict_idle", "raise")
@@ -128,14 +128,7 @@ class CacheManager:
         Raises:
             KeyError: unknown seq_id. ValueError: ``max_pages`` shorter than a table.
         """
-        tables = [self._get(s).page_table for s in seq_ids]
-        width = max([1, *(len(t) for t in tables)]) if max_pages is None else max_pages
-        out = np.full((len(tables), width), -1, np.int32)
-        for row, table in enumerate(tables):
-            if len(table) > width:
-                raise ValueError(f"max_pages={width} but sequence {row} has {len(table)} pages")
-            out[row, : len(table)] = table
-        return out
+        return pad_page_tables([self._get(s).page_table for s in seq_ids], max_pages)
 
     def can_append(self, seq_id: Hashable, num_new_tokens: int = 1) -> bool:
         """True when :meth:`append_slots` of that many tokens needs no lossy eviction."""
@@ -317,23 +310,13 @@ class CacheManager:
             raise KeyError(f"unknown sequence {seq_id!r}") from None
 
     def _trim_indices(self, seq: SequencePages, query_pos: int) -> range:
-        """Page indices wholly at positions <= query_pos - W: full, non-sink, not yet trimmed."""
-        if self.sliding_window is None:
-            return range(0)
-        stop = min(
-            (query_pos - self.sliding_window + 1) // self.page_size,
-            seq.num_full_pages(self.page_size),
+        return seq.window_trim_range(
+            query_pos, self.sliding_window, self.num_sink_pages, self.page_size
         )
-        return range(max(seq.trimmed_upto, self.num_sink_pages), max(stop, 0))
 
     def _trim(self, seq: SequencePages, query_pos: int) -> int:
-        dropped = 0
         indices = self._trim_indices(seq, query_pos)
-        for i in indices:
-            if seq.page_table[i] != -1:
-                self.allocator.release(seq.page_table[i])
-                seq.page_table[i] = -1
-                dropped += 1
+        dropped = seq.drop_pages(indices, self.allocator)
         seq.trimmed_upto = max(seq.trimmed_upto, indices.stop)
         self._window_evictions += dropped
         return dropped
@@ -357,8 +340,7 @@ class CacheManager:
 
     def _drop_lossy(self, seq: SequencePages, index: int) -> int:
         page_id = seq.page_table[index]
-        self.allocator.release(page_id)
-        seq.page_table[index] = -1
+        seq.drop_pages(range(index, index + 1), self.allocator)
         seq.lossy = True
         self._lossy_evictions += 1
         return page_id

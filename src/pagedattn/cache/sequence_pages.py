@@ -25,6 +25,21 @@ def validate_token_ids(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def pad_page_tables(tables: Sequence[Sequence[int]], max_pages: int | None) -> np.ndarray:
+    """Stack page tables into int32 ``(len(tables), max_pages)`` padded with -1.
+
+    Raises:
+        ValueError: ``max_pages`` shorter than a table.
+    """
+    width = max([1, *(len(t) for t in tables)]) if max_pages is None else max_pages
+    out = np.full((len(tables), width), -1, np.int32)
+    for row, table in enumerate(tables):
+        if len(table) > width:
+            raise ValueError(f"max_pages={width} but sequence {row} has {len(table)} pages")
+        out[row, : len(table)] = table
+    return out
+
+
 @dataclass
 class SequencePages:
     """Pages of one sequence.
@@ -65,6 +80,25 @@ class SequencePages:
             self.trimmed_upto,
             self.lossy,
         )
+
+    def window_trim_range(
+        self, query_pos: int, sliding_window: int | None, num_sink_pages: int, page_size: int
+    ) -> range:
+        """Indices of full non-sink pages wholly at positions <= query_pos - W, not yet trimmed."""
+        if sliding_window is None:
+            return range(0)
+        stop = min((query_pos - sliding_window + 1) // page_size, self.num_full_pages(page_size))
+        return range(max(self.trimmed_upto, num_sink_pages), max(stop, 0))
+
+    def drop_pages(self, indices: range, allocator: PageAllocator) -> int:
+        """Release the resident pages at ``indices`` (entries become -1); returns how many."""
+        dropped = 0
+        for i in indices:
+            if self.page_table[i] != -1:
+                allocator.release(self.page_table[i])
+                self.page_table[i] = -1
+                dropped += 1
+        return dropped
 
     def register_page(
         self, index: int, allocator: PageAllocator, page_size: int, namespace: bytes

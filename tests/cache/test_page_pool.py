@@ -1,0 +1,33 @@
+"""PagePool: layout, contiguous per-layer views, page copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedattn.cache import PagePool
+
+
+def test_layout_and_views() -> None:
+    pool = PagePool(num_layers=2, num_pages=5, num_kv_heads=3, page_size=4, head_dim=8)
+    assert pool.kv.shape == (2, 2, 5, 3, 4, 8) and pool.kv.dtype == np.float32
+    assert pool.nbytes == 2 * 2 * 5 * 3 * 4 * 8 * 4
+    k, v = pool.k_cache(1), pool.v_cache(1)
+    assert k.shape == v.shape == (5, 3, 4, 8)
+    assert k.flags.c_contiguous and v.flags.c_contiguous
+    k[2, 1, 3] = 7.0  # a view: writes land in the pool
+    assert pool.kv[1, 0, 2, 1, 3, 0] == 7.0 and pool.kv[1, 1, 2, 1, 3, 0] == 0.0
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\)"):
+        pool.k_cache(2)
+    with pytest.raises(ValueError, match="num_pages"):
+        PagePool(1, 0, 1, 1, 1)
+
+
+def test_copy_pages_copies_every_layer_k_and_v() -> None:
+    pool = PagePool(2, 3, 1, 2, 2)
+    pool.kv[:, :, 0] = np.arange(16, dtype=np.float32).reshape(2, 2, 1, 2, 2)
+    pool.copy_pages([(0, 2)])
+    np.testing.assert_array_equal(pool.read_page(2), pool.read_page(0))
+    assert not pool.read_page(1).any()
+    with pytest.raises(ValueError, match="same page"):
+        pool.copy_pages([(1, 1)])
