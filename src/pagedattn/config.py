@@ -75,9 +75,9 @@ class CacheConfig:
             that leave the window are freed; None = full attention.
         num_sink_tokens: S >= 0, the first S tokens stay visible and resident (StreamingLLM,
             arXiv 2309.17453); needs ``sliding_window``.
-        position_mode: ``"absolute"`` (keys keep their RoPE positions; requests are bounded by
-            the model context) or ``"shifted"`` (positions counted inside the cache, so a windowed
-            request may run past the model context; needs ``sliding_window``).
+        position_mode: ``"absolute"`` (keys keep their RoPE positions; without a window a
+            request is bounded by the model context) or ``"shifted"`` (positions counted inside
+            the cache, so a request may run past the model context; needs ``sliding_window``).
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
@@ -148,8 +148,10 @@ class SchedulerConfig:
         max_num_batched_tokens: most new tokens in one step (the token budget), >= 1.
         enable_chunked_prefill: split a prompt longer than the remaining budget into chunks;
             when off a prompt is prefilled in one step, so it must fit the budget whole.
-        max_model_len: most tokens (prompt + generated) in a request in absolute position mode;
-            None = the model's ``max_position_embeddings``. Ignored in shifted mode.
+        max_model_len: most tokens (prompt + generated) in one request. None = the model's
+            ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
+            otherwise (a window bounds memory; positions past the context extrapolate RoPE in
+            absolute mode and stay inside the cache in shifted mode).
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
