@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.model.tiny import tiny_config
 
 from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
-from tests.model.tiny import tiny_config
 
 
 @pytest.mark.parametrize(

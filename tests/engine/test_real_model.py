@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests.model.paging import greedy
 
 from pagedattn.engine.llm import LLM
 from pagedattn.sampling_params import SamplingParams
-from tests.model.paging import greedy
 
 
 @pytest.mark.model

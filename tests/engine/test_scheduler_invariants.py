@@ -7,9 +7,9 @@ from functools import cache
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.engine.helpers import assert_all_pages_free, make_engine, solo, tiny_model
 
 from pagedattn.sampling_params import SamplingParams
-from tests.engine.helpers import assert_all_pages_free, make_engine, solo, tiny_model
 
 MODEL = tiny_model(seed=8)
 MAX_TOKENS = 8
