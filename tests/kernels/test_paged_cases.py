@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pagedattn.kernels import (
+    paged,
     paged_attention_decode,
     paged_attention_prefill,
     reference_attention,
@@ -140,3 +141,26 @@ def test_write_kv_writes_exactly_the_given_slots() -> None:
     np.testing.assert_array_equal(kc, expected_k)
     np.testing.assert_array_equal(vc, expected_v)
     assert np.count_nonzero(kc.any(axis=(1, 3))) == 3  # three (page, offset) slots touched
+
+
+@pytest.mark.parametrize(("window", "sinks"), [(None, 0), (None, 3), (50, 0), (37, 5), (300, 2)])
+def test_decode_split_keys_match_reference(monkeypatch, window: int | None, sinks: int) -> None:  # type: ignore[no-untyped-def]
+    # Few (sequence, kv head) items: the keys are cut into slices whose states get merged.
+    monkeypatch.setattr(paged, "SPLIT_MIN_KEYS", 8)
+    lens = [200, 3, 61]
+    assert paged.decode_splits(len(lens), max(lens), window) > 1
+    rng = np.random.default_rng(11)
+    ks = [randn(rng, n, 1, 16) for n in lens]
+    vs = [randn(rng, n, 1, 16) for n in lens]
+    kc, vc, tables = scatter_sequences(ks, vs, 7, rng)
+    q, qs = randn(rng, 3, 2, 16), randn(rng, 3, 2, 16)
+    kw = {"sliding_window": window, "num_sink_tokens": sinks}
+    out, lse = paged_attention_decode(
+        q, kc, vc, tables, np.array(lens, np.int32), q_sink=qs, return_lse=True, **kw
+    )
+    for s in range(3):
+        ref, ref_lse = reference_attention(
+            q[s : s + 1], ks[s], vs[s], q_sink=qs[s : s + 1], return_lse=True, **kw
+        )
+        np.testing.assert_allclose(out[s : s + 1], ref, atol=1e-5)
+        np.testing.assert_allclose(lse[s : s + 1], ref_lse, atol=1e-5)

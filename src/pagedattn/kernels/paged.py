@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_numba
+from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged_checks import (
     IntArray,
     check_array,
@@ -29,6 +31,21 @@ from pagedattn.kernels.paged_checks import (
 
 F32Array = npt.NDArray[np.float32]
 PREFILL_BLOCK_ROWS = 16  # query rows sharing each page tile while it sits in L1
+SPLIT_MIN_KEYS = 512  # a decode split (flash-decoding) covers at least this many keys
+
+
+def decode_splits(num_items: int, max_context: int, sliding_window: int | None) -> int:
+    """How many key slices each (sequence, kv head) of a decode batch is cut into.
+
+    Small batches give fewer (sequence, kv head) items than ~4 per thread; splitting the keys
+    (flash-decoding, Dao et al. 2023) keeps every core busy; the partial states are then
+    merged with :func:`merge_states`. Large batches are not split (bitwise-stable outputs).
+    """
+    threads = numba.get_num_threads()
+    if num_items == 0 or num_items >= 4 * threads:
+        return 1
+    keys = max_context if sliding_window is None else min(max_context, sliding_window)
+    return max(1, min(-(-4 * threads // num_items), keys // SPLIT_MIN_KEYS))
 
 
 def write_kv(
@@ -150,11 +167,15 @@ def paged_attention_decode(
         sliding_window,
         num_sink_tokens,
     )
-    out = np.empty(q.shape, np.float32)
-    lse = np.empty(q.shape[:2], np.float32)
+    splits = decode_splits(num_seqs * k_cache.shape[1], int(ctx.max(initial=0)), sliding_window)
+    outs = np.empty((splits, *q.shape), np.float32)
+    lses = np.empty((splits, *q.shape[:2]), np.float32)
     paged_numba.decode_kernel(
-        q, q_sink, k_cache, v_cache, tables, ctx, scale32, window, num_sink_tokens, out, lse
+        q, q_sink, k_cache, v_cache, tables, ctx, scale32, window, num_sink_tokens, outs, lses
     )
+    out, lse = outs[0], lses[0]
+    for i in range(1, splits):
+        out, lse = merge_states(out, lse, outs[i], lses[i])
     return (out, lse) if return_lse else out
 
 

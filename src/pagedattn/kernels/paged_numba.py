@@ -124,10 +124,13 @@ def _block(
     scale: np.float32,
     window: int,
     num_sink: int,
+    key_lo: int,
+    key_hi: int,
     out: np.ndarray,
     lse: np.ndarray,
 ) -> None:
-    """Rows ``q1st ..+ n_rows`` of ``q_len`` new tokens (flat row ``row0``) over kv head ``g``."""
+    """Rows ``q1st ..+ n_rows`` of ``q_len`` new tokens (flat row ``row0``) over kv head ``g``,
+    restricted to keys ``[key_lo, key_hi)``."""
     head_dim = q.shape[2]
     group = q.shape[1] // k_cache.shape[1]
     acc = np.zeros((n_rows, group, head_dim), np.float32)
@@ -140,14 +143,15 @@ def _block(
     p_last = ctx - q_len + q1st + n_rows - 1
     sink_end = min(num_sink, p_last + 1)
     # Keys [0, sink_end): the attention sinks, scored with q_sink.
-    if sink_end > 0:
+    if min(sink_end, key_hi) > key_lo:
         for r in range(n_rows):
             hi[r] = min(sink_end, ctx - q_len + q1st + r + 1)
             lo[r] = 0
             for h in range(group):
                 for d in range(head_dim):
                     qv[r, h, d] = q_sink[row0 + r, g * group + h, d] * scale
-        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, 0, sink_end, acc, m, lsum, scores)
+        a, b = key_lo, min(sink_end, key_hi)
+        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores)
     # Keys [rest_start, p_last]: the causal window, scored with q.
     rest_start = sink_end
     for r in range(n_rows):
@@ -159,10 +163,9 @@ def _block(
         for h in range(group):
             for d in range(head_dim):
                 qv[r, h, d] = q[row0 + r, g * group + h, d] * scale
-    if rest_start <= p_last:
-        _attend(
-            qv, lo, hi, k_cache, v_cache, table_row, g, rest_start, p_last + 1, acc, m, lsum, scores
-        )
+    a, b = max(rest_start, key_lo), min(p_last + 1, key_hi)
+    if a < b:
+        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores)
     _finish(acc, m, lsum, out, lse, row0, g)
 
 
@@ -180,15 +183,27 @@ def decode_kernel(
     out: np.ndarray,
     lse: np.ndarray,
 ) -> None:
-    """One query row per sequence; parallel over (sequence, kv head). window <= 0: none."""
+    """One query row per sequence; parallel over (sequence, kv head, split). window <= 0: none.
+
+    out: (num_splits, num_seqs, num_heads, head_dim), lse: (num_splits, num_seqs, num_heads).
+    With num_splits > 1 each split holds the partial state of one slice of the window's keys
+    (split 0 also the sinks), to be merged by log-sum-exp (flash-decoding, Dao et al. 2023).
+    """
+    num_splits = out.shape[0]
     num_seqs = q.shape[0]
     num_kv_heads = k_cache.shape[1]
-    for item in prange(num_seqs * num_kv_heads):
-        s = item // num_kv_heads
+    for item in prange(num_splits * num_seqs * num_kv_heads):
+        split = item // (num_seqs * num_kv_heads)
+        s = (item // num_kv_heads) % num_seqs
         g = item % num_kv_heads
         ctx = context_lens[s]
+        sink_end = min(num_sink, ctx)
+        rest_start = sink_end if window <= 0 else max(sink_end, ctx - window)
+        chunk = (ctx - rest_start + num_splits - 1) // num_splits
+        key_lo = 0 if split == 0 else rest_start + split * chunk
+        key_hi = min(ctx, rest_start + (split + 1) * chunk)
         _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale, window,
-               num_sink, out, lse)  # fmt: skip
+               num_sink, key_lo, key_hi, out[split], lse[split])  # fmt: skip
 
 
 @njit(parallel=True, fastmath=_FASTMATH, cache=True)
@@ -219,5 +234,6 @@ def prefill_kernel(
         q_len = query_start_loc[s + 1] - query_start_loc[s]
         n_rows = min(block_rows, q_len - q1st)
         row0 = query_start_loc[s] + q1st
-        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, row0, q1st, n_rows,
-               context_lens[s], q_len, scale, window, num_sink, out, lse)  # fmt: skip
+        ctx = context_lens[s]
+        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, row0, q1st, n_rows, ctx, q_len,
+               scale, window, num_sink, 0, ctx, out, lse)  # fmt: skip

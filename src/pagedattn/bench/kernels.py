@@ -1,0 +1,126 @@
+"""Decode attention benchmark: paged Numba kernel vs memory-copy bandwidth and torch SDPA.
+
+Every figure is measured in the same run, so the ratios (not the absolute times) are what
+carry over between machines:
+
+* ``paged``: :func:`pagedattn.kernels.paged_attention_decode` over a pool whose page ids are
+  shuffled (a fragmented cache), median wall time of ``repeats`` calls after a warm-up;
+* ``KV GB/s``: bytes of K and V the call must read (``batch * context * num_kv_heads *
+  head_dim * 4 * 2``) divided by that time;
+* ``copy GB/s``: ``np.copyto`` between two buffers of the same size as that K+V, counting
+  bytes read plus bytes written (``2 * size``, as STREAM's Copy does); ``% copy`` is the
+  ratio of the two;
+* ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense
+  contiguous ``(batch, heads, context, head_dim)`` K/V, with the same thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+NUM_HEADS = 9
+NUM_KV_HEADS = 3
+HEAD_DIM = 64
+PAGE_SIZE = 16
+TORCH_HINT = "torch not installed (pip install torch==2.13.0)"
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """One (batch, context) row of the decode benchmark; times in ms, bandwidths in GB/s."""
+
+    batch: int
+    context: int
+    paged_ms: float
+    kv_gbps: float
+    copy_gbps: float
+    torch_ms: float | None
+
+    @property
+    def pct_copy(self) -> float:
+        return 100.0 * self.kv_gbps / self.copy_gbps
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.torch_ms is None else self.torch_ms / self.paged_ms
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``repeats`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def copy_bandwidth_gbps(num_bytes: int, repeats: int) -> float:
+    """``np.copyto`` bandwidth on a ``num_bytes`` buffer, counting read + write bytes."""
+    src = np.ones(max(num_bytes, 4) // 4, np.float32)
+    dst = np.empty_like(src)
+    ms = median_ms(lambda: np.copyto(dst, src), repeats)
+    return 2 * src.nbytes / (ms * 1e6)
+
+
+def _torch_sdpa_ms(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, repeats: int, threads: int
+) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    tq = torch.from_numpy(q).unsqueeze(2)  # (batch, heads, 1, head_dim)
+    tk, tv = torch.from_numpy(k), torch.from_numpy(v)  # (batch, kv_heads, context, head_dim)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.inference_mode():
+        return median_ms(lambda: sdpa(tq, tk, tv, enable_gqa=True), repeats)
+
+
+def bench_decode(batch: int, context: int, repeats: int, *, seed: int = 0) -> DecodeResult:
+    """Time one decode configuration (9 query heads, 3 kv heads, head_dim 64, page_size 16)."""
+    import numba
+
+    from pagedattn.kernels import paged_attention_decode
+
+    rng = np.random.default_rng(seed)
+    pages_per_seq = math.ceil(context / PAGE_SIZE)
+    num_pages = batch * pages_per_seq
+    shape = (num_pages, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
+    k_cache = rng.random(shape, dtype=np.float32) - np.float32(0.5)
+    v_cache = rng.random(shape, dtype=np.float32) - np.float32(0.5)
+    page_tables = rng.permutation(num_pages).astype(np.int32).reshape(batch, pages_per_seq)
+    context_lens = np.full(batch, context, np.int32)
+    q = rng.standard_normal((batch, NUM_HEADS, HEAD_DIM), dtype=np.float32)
+
+    paged_ms = median_ms(
+        lambda: paged_attention_decode(q, k_cache, v_cache, page_tables, context_lens), repeats
+    )
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * 4
+    copy_gbps = copy_bandwidth_gbps(kv_bytes, repeats)
+
+    # The same keys, gathered into dense (batch, kv_heads, context, head_dim) for torch.
+    def dense(cache: np.ndarray) -> np.ndarray:
+        tiles = cache[page_tables]  # (batch, pages, kv_heads, page_size, head_dim)
+        flat = tiles.transpose(0, 2, 1, 3, 4).reshape(batch, NUM_KV_HEADS, -1, HEAD_DIM)
+        return np.ascontiguousarray(flat[:, :, :context])
+
+    torch_ms = None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        k_dense, v_dense = dense(k_cache), dense(v_cache)
+        del k_cache, v_cache
+        torch_ms = _torch_sdpa_ms(q, k_dense, v_dense, repeats, numba.get_num_threads())
+    return DecodeResult(batch, context, paged_ms, kv_bytes / (paged_ms * 1e6), copy_gbps, torch_ms)
