@@ -84,7 +84,6 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit of the first admission (reported)
         self.num_preemptions = 0
-        self.admitted_once = False
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
