@@ -76,9 +76,12 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
         for _ in range(max_new_tokens):
             token = int(result.logits[0, -1].argmax())
             out.append(token)
-            result = model(
-                torch.tensor([[token]]), past_key_values=result.past_key_values, use_cache=True
-            )
+            # transformers 5.x calls the KV cache `cache`; 4.x called it `past_key_values`
+            if getattr(result, "cache", None) is not None:
+                past = {"cache": result.cache}
+            else:
+                past = {"past_key_values": result.past_key_values}
+            result = model(torch.tensor([[token]]), use_cache=True, **past)
     return out
 
 
