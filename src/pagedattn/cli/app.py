@@ -10,5 +10,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-bench_app = typer.Typer(help="Benchmarks, reported as ratios against a reference measured in the same run.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks, reported as ratios against a reference measured in the same run.",
+    no_args_is_help=True,
+)
 app.add_typer(bench_app, name="bench")

@@ -50,7 +50,8 @@ class ForwardBatch:
                 raise ValueError(f"ForwardBatch.{name}: expected shape ({n},), got {arr.shape}")
         if self.sink_positions is not None and self.sink_positions.shape != (n,):
             raise ValueError(
-                f"ForwardBatch.sink_positions: expected shape ({n},), got {self.sink_positions.shape}"
+                f"ForwardBatch.sink_positions: expected shape ({n},), "
+                f"got {self.sink_positions.shape}"
             )
         num_seqs = self.context_lens.shape[0]
         if self.query_start_loc.shape != (num_seqs + 1,):
