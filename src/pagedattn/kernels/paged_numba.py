@@ -18,6 +18,47 @@ from numba import njit, prange
 
 _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
 _NEG_INF = np.float32(-np.inf)
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)  # ln 2 split so that k * _LN2_HI is exact
+_LN2_LO = np.float32(-2.12194440e-4)
+_C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
+_C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
+BLOCK_KEYS = 64  # keys per online-softmax update (whole pages; at least one page)
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+def _exp_shifted(
+    x: np.ndarray, bits: np.ndarray, fbits: np.ndarray, h: int, j0: int, j1: int, shift: np.float32
+) -> np.float32:
+    """``x[h, j] = exp(x[h, j] - shift)`` for ``j0 <= j < j1`` (``x <= shift``); return their sum.
+
+    Vectorisable (no libm call): ``exp(v) = 2^k * exp(r)``, ``k = round(v / ln 2)``, ``|r| <=
+    ln2 / 2``, ``exp(r)`` by its degree-7 Taylor polynomial (relative error < 1e-8) and ``2^k``
+    built in the float32 exponent bits (Cody & Waite range reduction, as in Cephes ``expf``).
+    ``v`` is clamped at -87, so a key far below the max weighs ~1e-38 instead of exactly 0.
+    """
+    # Row views indexed from 0: a loop from a runtime start would keep Numba's negative-index
+    # wraparound in the address and block vectorisation.
+    xr, br, fr = x[h, j0:j1], bits[h, j0:j1], fbits[h, j0:j1]
+    for j in range(j1 - j0):
+        v = max(xr[j] - shift, np.float32(-87.0))
+        k = np.floor(v * _LOG2E + np.float32(0.5))
+        xr[j] = (v - k * _LN2_HI) - k * _LN2_LO
+        br[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    total = np.float32(0.0)
+    for j in range(j1 - j0):
+        r = xr[j]
+        p = _C7 * r + _C6
+        p = p * r + _C5
+        p = p * r + _C4
+        p = p * r + _C3
+        p = p * r + _C2
+        p = p * r + np.float32(1.0)
+        p = p * r + np.float32(1.0)
+        e = p * fr[j]
+        xr[j] = e
+        total += e
+    return total
 
 
 @njit(fastmath=_FASTMATH, cache=True, nogil=True)
@@ -35,50 +76,62 @@ def _attend(
     m: np.ndarray,
     lsum: np.ndarray,
     scores: np.ndarray,
+    bits: np.ndarray,
+    fbits: np.ndarray,
 ) -> None:
     """Fold keys ``[start, end)`` into the running state of rows ``r`` (keys ``[row_lo, row_hi)``).
 
-    qv: (R, G, D) pre-scaled queries; acc: (R, G, D); m, lsum: (R, G); scores: (G, P) scratch.
+    qv: (R, G, D) pre-scaled queries; acc: (R, G, D); m, lsum: (R, G); scores: (G, n * P)
+    scratch: n pages form one block, whose max / rescale / exp pass is shared; bits (int32)
+    and fbits (its float32 view) are scratch of the same shape for :func:`_exp_shifted`.
     The pool is indexed directly (no per-row views: a view would touch the pool's shared
     reference count from every thread).
     """
     num_rows, group, head_dim = qv.shape
     page_size = k_cache.shape[2]
-    for pi in range(start // page_size, (end - 1) // page_size + 1):
-        base = pi * page_size
-        page = table_row[pi]
+    block_pages = scores.shape[1] // page_size
+    last_page = (end - 1) // page_size
+    for first in range(start // page_size, last_page + 1, block_pages):
+        key0 = first * page_size  # keys [key0, key0 + block_pages * page_size) share one update
+        key_end = min(first + block_pages, last_page + 1) * page_size
         for r in range(num_rows):
-            t0 = max(max(row_lo[r], start) - base, 0)
-            t1 = min(min(row_hi[r], end) - base, page_size)
-            if t0 >= t1:
+            k0 = max(max(row_lo[r], start), key0)
+            k1 = min(min(row_hi[r], end), key_end)
+            if k0 >= k1:
                 continue
-            for t in range(t0, t1):  # K row t stays in L1 for every head of the group
-                for h in range(group):
-                    s = np.float32(0.0)
-                    for d in range(head_dim):
-                        s += qv[r, h, d] * k_cache[page, g, t, d]
-                    scores[h, t] = s
+            for pi in range(k0 // page_size, (k1 - 1) // page_size + 1):
+                page = table_row[pi]
+                base = pi * page_size
+                for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
+                    j = base + t - key0
+                    for h in range(group):  # K row t stays in L1 for every head of the group
+                        s = np.float32(0.0)
+                        for d in range(head_dim):
+                            s += qv[r, h, d] * k_cache[page, g, t, d]
+                        scores[h, j] = s
             for h in range(group):
-                tile_max = _NEG_INF
-                for t in range(t0, t1):
-                    tile_max = max(tile_max, scores[h, t])
+                block_max = _NEG_INF
+                for j in range(k0 - key0, k1 - key0):
+                    block_max = max(block_max, scores[h, j])
                 m_old = m[r, h]
-                m_new = max(m_old, tile_max)
-                alpha = np.float32(0.0) if m_old == _NEG_INF else np.exp(m_old - m_new)
-                total = lsum[r, h] * alpha
-                for d in range(head_dim):
-                    acc[r, h, d] *= alpha
-                for t in range(t0, t1):
-                    e = np.exp(scores[h, t] - m_new)
-                    scores[h, t] = e
-                    total += e
-                lsum[r, h] = total
-                m[r, h] = m_new
-            for t in range(t0, t1):
-                for h in range(group):
-                    e = scores[h, t]
+                total = lsum[r, h]
+                if block_max > m_old:  # rescale only when the running max grows
+                    alpha = np.float32(0.0) if m_old == _NEG_INF else np.exp(m_old - block_max)
+                    total *= alpha
                     for d in range(head_dim):
-                        acc[r, h, d] += e * v_cache[page, g, t, d]
+                        acc[r, h, d] *= alpha
+                    m[r, h] = block_max
+                total += _exp_shifted(scores, bits, fbits, h, k0 - key0, k1 - key0, m[r, h])
+                lsum[r, h] = total
+            for pi in range(k0 // page_size, (k1 - 1) // page_size + 1):
+                page = table_row[pi]
+                base = pi * page_size
+                for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
+                    j = base + t - key0
+                    for h in range(group):
+                        e = scores[h, j]
+                        for d in range(head_dim):
+                            acc[r, h, d] += e * v_cache[page, g, t, d]
 
 
 @njit(fastmath=_FASTMATH, cache=True, nogil=True)
@@ -136,7 +189,10 @@ def _block(
     acc = np.zeros((n_rows, group, head_dim), np.float32)
     m = np.full((n_rows, group), _NEG_INF, np.float32)
     lsum = np.zeros((n_rows, group), np.float32)
-    scores = np.empty((group, k_cache.shape[2]), np.float32)
+    page_size = k_cache.shape[2]
+    scores = np.empty((group, max(1, BLOCK_KEYS // page_size) * page_size), np.float32)
+    bits = np.empty(scores.shape, np.int32)
+    fbits = bits.view(np.float32)
     qv = np.empty((n_rows, group, head_dim), np.float32)
     lo = np.empty(n_rows, np.int64)
     hi = np.empty(n_rows, np.int64)
@@ -151,7 +207,7 @@ def _block(
                 for d in range(head_dim):
                     qv[r, h, d] = q_sink[row0 + r, g * group + h, d] * scale
         a, b = key_lo, min(sink_end, key_hi)
-        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores)
+        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores, bits, fbits)
     # Keys [rest_start, p_last]: the causal window, scored with q.
     rest_start = sink_end
     for r in range(n_rows):
@@ -165,7 +221,7 @@ def _block(
                 qv[r, h, d] = q[row0 + r, g * group + h, d] * scale
     a, b = max(rest_start, key_lo), min(p_last + 1, key_hi)
     if a < b:
-        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores)
+        _attend(qv, lo, hi, k_cache, v_cache, table_row, g, a, b, acc, m, lsum, scores, bits, fbits)
     _finish(acc, m, lsum, out, lse, row0, g)
 
 
