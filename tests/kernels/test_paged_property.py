@@ -6,7 +6,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedattn.kernels import paged_attention_decode, paged_attention_prefill, reference_attention
+from pagedattn.kernels import (
+    paged_attention_decode,
+    paged_attention_prefill,
+    reference_attention,
+    visible_mask,
+)
 from tests.kernels.helpers import randn, scatter_sequences
 
 
@@ -23,6 +28,7 @@ def batches(draw: st.DrawFn) -> dict:  # type: ignore[type-arg]
     window = draw(st.one_of(st.none(), st.integers(1, 40)))
     sinks = draw(st.sampled_from([0, 0, 1, 4, 20]))
     use_q_sink = draw(st.booleans())
+    free_unread = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return {
         "page_size": page_size,
@@ -34,6 +40,7 @@ def batches(draw: st.DrawFn) -> dict:  # type: ignore[type-arg]
         "window": window,
         "sinks": sinks,
         "use_q_sink": use_q_sink,
+        "free_unread": free_unread,
         "seed": seed,
     }
 
@@ -43,6 +50,17 @@ def _setup(b: dict, rows: list[int]):  # type: ignore[no-untyped-def, type-arg]
     ks = [randn(rng, c, b["num_kv_heads"], b["head_dim"]) for c in b["ctx"]]
     vs = [randn(rng, c, b["num_kv_heads"], b["head_dim"]) for c in b["ctx"]]
     kc, vc, tables = scatter_sequences(ks, vs, b["page_size"], rng)
+    if b["free_unread"]:
+        # Pages holding no visible key are freed (-1) and poisoned (NaN), as the cache does
+        # for pages that slid out of the window: the kernels must never touch them.
+        for s, (c, n) in enumerate(zip(b["ctx"], rows, strict=True)):
+            seen = visible_mask(n, c, sliding_window=b["window"], num_sink_tokens=b["sinks"]).any(
+                axis=0
+            )
+            for i in range(-(-c // b["page_size"])):
+                if not seen[i * b["page_size"] : (i + 1) * b["page_size"]].any():
+                    kc[tables[s, i]] = vc[tables[s, i]] = np.nan
+                    tables[s, i] = -1
     q = randn(rng, sum(rows), b["num_heads"], b["head_dim"])
     q_sink = randn(rng, *q.shape) if b["use_q_sink"] else None
     return ks, vs, kc, vc, tables, q, q_sink
