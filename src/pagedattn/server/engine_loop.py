@@ -1,0 +1,221 @@
+"""AsyncEngine: one dedicated thread owns the (not thread-safe) LLMEngine; asyncio handlers
+talk to it through a thread-safe command queue.
+
+The same shape as vLLM's ``AsyncLLM`` / ``AsyncLLMEngine`` output handler: requests and aborts
+travel to the engine thread through ``queue.Queue``; each step's :class:`RequestOutput`\\ s go
+back to the event loop that submitted the request with ``loop.call_soon_threadsafe`` into that
+request's ``asyncio.Queue``. The engine thread steps while any request is unfinished and blocks
+on the command queue when idle (no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pagedattn.engine.llm_engine import LLMEngine
+from pagedattn.engine.outputs import RequestOutput
+from pagedattn.sampling_params import SamplingParams
+from pagedattn.server.metrics import ServerMetrics
+
+logger = logging.getLogger("pagedattn.server")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running (stopped, or never started)."""
+
+
+@dataclass
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    last_token_time: float | None = None
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: _Sink
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class AsyncEngine:
+    """Run ``engine`` on its own thread and stream its outputs to asyncio callers.
+
+    Args:
+        engine: the engine; after :meth:`start` only the engine thread touches it.
+        metrics: histograms to observe (TTFT, inter-token latency, e2e, per-step batch), or None.
+    """
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._commands: queue.Queue[Any] = queue.Queue()
+        self._sinks: dict[str, _Sink] = {}
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stats: dict[str, Any] = engine.get_stats()
+        self.num_step_errors = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pagedattn-engine", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort every request, stop the engine thread and wait for it (at most ``timeout_s``)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._commands.put(_STOP)
+        thread.join(timeout_s)
+        self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        """True while the engine thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The engine's ``get_stats()`` as of the end of its latest loop iteration (read-only)."""
+        return self._stats
+
+    # ---- requests (event-loop side) --------------------------------------------------------
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs until the finished one.
+
+        Leaving the iteration early (the client went away, the task was cancelled) aborts the
+        request, which frees its pages.
+
+        Raises:
+            EngineDeadError: the engine thread is not running.
+            ValueError: the engine refused the request (e.g. a request id already in use).
+            RuntimeError: the engine failed while running this request.
+        """
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, sink))
+        finished = False
+        try:
+            while True:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to abort a request (no-op when unknown or finished)."""
+        self._commands.put(_Abort(request_id))
+
+    # ---- engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            block = not engine.has_unfinished_requests()
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                if command is _STOP:
+                    self._shutdown()
+                    return
+                self._apply(command)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if engine.has_unfinished_requests():
+                self._step()
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort(command.request_id)
+            return
+        try:
+            self.engine.add_request(command.prompt_token_ids, command.params, command.request_id)
+        except ValueError as exc:
+            self._deliver(command.sink, exc)
+            return
+        self._sinks[command.request_id] = command.sink
+
+    def _step(self) -> None:
+        num_steps = self._stats.get("num_steps", 0)
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # keep serving: fail the requests in flight, not the server
+            logger.exception("engine step failed; aborting %d request(s)", len(self._sinks))
+            self.num_step_errors += 1
+            error = RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}")
+            for request_id, failed in list(self._sinks.items()):
+                self._safe_abort(request_id)
+                self._deliver(failed, error)
+            self._sinks.clear()
+            return
+        self._stats = self.engine.get_stats()
+        if self.metrics is not None and self._stats["num_steps"] > num_steps:
+            self.metrics.observe_step(
+                self._stats["last_step_num_tokens"], self._stats["last_step_num_seqs"]
+            )
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if sink is None:
+                continue
+            if self.metrics is not None:
+                sink.last_token_time = self.metrics.observe_output(out, sink.last_token_time)
+            if out.finished:
+                del self._sinks[out.request_id]
+            self._deliver(sink, out)
+
+    def _safe_abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception:
+            logger.exception("abort of %s failed", request_id)
+
+    def _deliver(self, sink: _Sink, item: RequestOutput | BaseException) -> None:
+        try:
+            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, item)
+        except RuntimeError:  # the submitting event loop is closed: nobody is listening
+            if isinstance(item, RequestOutput) and not item.finished:
+                self._safe_abort(item.request_id)
+
+    def _shutdown(self) -> None:
+        for request_id in list(self._sinks):
+            self._safe_abort(request_id)
+        while self.engine.has_unfinished_requests():  # return the aborts' final outputs
+            for out in self.engine.step():
+                gone = self._sinks.pop(out.request_id, None)
+                if gone is not None:
+                    self._deliver(gone, out)
+        self._stats = self.engine.get_stats()

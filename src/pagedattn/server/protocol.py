@@ -1,0 +1,223 @@
+"""OpenAI-compatible request and response models (pydantic v2).
+
+Field names and meanings follow the OpenAI API reference for ``/v1/completions`` and
+``/v1/chat/completions`` (and vLLM's ``entrypoints/openai/protocol.py`` for the extensions
+``top_k`` and ``ignore_eos``). Unknown request fields are ignored, as OpenAI does; a field of the
+wrong type is a 400 (see :mod:`pagedattn.server.errors`). Ranges (temperature >= 0, top_p in
+(0, 1], ...) are checked once, by :class:`pagedattn.sampling_params.SamplingParams`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def random_id(prefix: str) -> str:
+    """``prefix`` + 24 hex chars of a fresh uuid4 (e.g. ``chatcmpl-...``)."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now_s() -> int:
+    """Unix time in whole seconds (the ``created`` field)."""
+    return int(time.time())
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    """Fields shared by both generation endpoints.
+
+    ``max_tokens`` (or ``max_completion_tokens``, which wins when both are set) must be >= 1;
+    None = as many as the model context and the KV pool allow (completions: 16, as OpenAI).
+    """
+
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is text, token ids, or a one-element list of
+    either (several prompts in one request are refused with a 400)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+
+
+class TextPart(_Request):
+    """One ``{"type": "text", "text": ...}`` part of a message's content."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ChatMessage(_Request):
+    """One message; content as a string or a list of text parts (joined)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message text (parts joined with no separator, None as "")."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``: the model's chat template renders the conversation."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+
+
+# ---- responses ---------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    """``cached_tokens``: prompt tokens served from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """Token counts of one request (prompt = tokenizer count of the rendered prompt)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    """A :class:`Usage` with ``total_tokens`` = prompt + completion."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class Completion(BaseModel):
+    """A completions response, or (``stream``) one chunk of it."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pagedattn"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorBody
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """JSON-ready dict of a response model."""
+    return model.model_dump(mode="json")

@@ -1,0 +1,326 @@
+"""Turn OpenAI requests into engine requests and engine outputs into OpenAI responses.
+
+Request rules (each violation is a 400 with an OpenAI error body, before the engine sees it):
+
+- ``n`` must be 1; ``best_of`` > 1, ``echo`` and ``logprobs`` are refused (not supported).
+- ``max_tokens`` / ``max_completion_tokens`` must be >= 1 (OpenAI rejects 0 too; the engine
+  itself would accept 0 and return nothing). Absent: completions generate 16 tokens (OpenAI's
+  default), chat completions as many as fit (the model context left after the prompt, at most
+  ``default_max_tokens``), both then shrunk to what the KV pool can hold.
+- prompt + max_tokens must fit ``max_model_len`` (code ``context_length_exceeded``), and the
+  request's K/V at its largest must fit the whole page pool (code ``cache_capacity_exceeded``).
+- sampling values out of range (temperature < 0, top_p outside (0, 1], negative seed, empty
+  stop string...) are refused by :class:`SamplingParams`, whose message names the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pagedattn.engine.llm_engine import LLMEngine
+from pagedattn.engine.outputs import RequestOutput
+from pagedattn.sampling_params import SamplingParams
+from pagedattn.server import protocol as p
+from pagedattn.server.engine_loop import AsyncEngine
+from pagedattn.server.errors import APIError, error_body, value_error
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: prompt ids and sampling parameters."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class OpenAIServing:
+    """The completion and chat handlers of one server.
+
+    Args:
+        async_engine: the engine loop.
+        model_name: the served model name (requests naming another model get a 404).
+        default_max_tokens: cap on the chat default ``max_tokens`` when the context is unbounded
+            or longer.
+    """
+
+    def __init__(
+        self, async_engine: AsyncEngine, model_name: str, default_max_tokens: int = 1024
+    ) -> None:
+        self.async_engine = async_engine
+        self.engine: LLMEngine = async_engine.engine
+        self.model_name = model_name
+        self.default_max_tokens = default_max_tokens
+        self.max_model_len: int | None = self.engine.scheduler.max_model_len
+
+    # ---- validation ------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        """Raises APIError 404 when ``model`` names another model (None = the served one)."""
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _fits_pool(self, num_prompt: int, max_tokens: int) -> bool:
+        sched = self.engine.scheduler
+        return sched.max_pages_per_seq(num_prompt, max_tokens) <= sched.cache.num_pages
+
+    def resolve_max_tokens(self, req: p.SamplingFields, num_prompt: int, default: int) -> int:
+        """The request's max_tokens under the module's rules. Raises APIError (400)."""
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else None
+        asked = asked if asked is not None else req.max_tokens
+        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        if asked is not None and asked < 1:
+            raise APIError(400, f"{field} must be at least 1, got {asked}", param=field)
+        limit = self.max_model_len
+        room = None if limit is None else limit - num_prompt
+        if room is not None and room < 1:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens; the prompt has "
+                f"{num_prompt} tokens, which leaves no room to generate.",
+                param="messages" if isinstance(req, p.ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        if asked is None:
+            want = default if room is None else min(default, room)
+            if not self._fits_pool(num_prompt, 1):
+                raise self._capacity_error(num_prompt, 1)
+            lo, hi = 1, want  # largest max_tokens that fits the pool (monotone)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self._fits_pool(num_prompt, mid) else (lo, mid - 1)
+            return lo
+        if room is not None and asked > room:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt + asked} tokens ({num_prompt} in the prompt, {asked} for the "
+                "completion). Please reduce the prompt or the completion length.",
+                param=field,
+                code="context_length_exceeded",
+            )
+        if not self._fits_pool(num_prompt, asked):
+            raise self._capacity_error(num_prompt, asked)
+        return asked
+
+    def _capacity_error(self, num_prompt: int, max_tokens: int) -> APIError:
+        sched = self.engine.scheduler
+        need = sched.max_pages_per_seq(num_prompt, max_tokens)
+        return APIError(
+            400,
+            f"The request needs {need} KV pages ({num_prompt} prompt tokens + {max_tokens} "
+            f"completion tokens, {sched.cache_config.page_size} tokens per page); the KV pool "
+            f"holds {sched.cache.num_pages} pages.",
+            param="max_tokens",
+            code="cache_capacity_exceeded",
+        )
+
+    def _check_common(self, req: p.SamplingFields) -> None:
+        self.check_model(req.model)
+        if req.n != 1:
+            raise APIError(400, f"n: only n=1 is supported, got {req.n}", param="n")
+
+    def _params(self, req: p.SamplingFields, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                seed=req.seed,
+                max_tokens=max_tokens,
+                stop=_stops(req.stop),
+                ignore_eos=req.ignore_eos,
+            )
+        except ValueError as exc:
+            raise value_error(exc) from exc
+
+    def prepare_completion(self, req: p.CompletionRequest) -> Prepared:
+        """Validate a completions request. Raises APIError."""
+        self._check_common(req)
+        if req.best_of is not None and req.best_of != 1:
+            raise APIError(400, "best_of: only 1 is supported", param="best_of")
+        if req.echo:
+            raise APIError(400, "echo: not supported", param="echo")
+        if req.logprobs is not None:
+            raise APIError(400, "logprobs: not supported", param="logprobs")
+        prompt: Any = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(
+                    400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt"
+                )
+            prompt = prompt[0]
+        try:
+            ids = self.engine.encode(prompt)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="prompt") from exc
+        return Prepared(ids, self._params(req, self.resolve_max_tokens(req, len(ids), 16)))
+
+    def prepare_chat(self, req: p.ChatCompletionRequest) -> Prepared:
+        """Validate a chat request and render it with the chat template. Raises APIError."""
+        self._check_common(req)
+        if req.logprobs:
+            raise APIError(400, "logprobs: not supported", param="logprobs")
+        tokenizer = self.engine.tokenizer
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            ids = [int(t) for t in tokenizer.encode_chat(messages)]
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from exc
+        if not ids:
+            raise APIError(400, "messages: the rendered prompt is empty", param="messages")
+        default = self.default_max_tokens
+        return Prepared(ids, self._params(req, self.resolve_max_tokens(req, len(ids), default)))
+
+    # ---- responses -------------------------------------------------------------------------
+    async def respond(
+        self, raw: Request, req: p.CompletionRequest | p.ChatCompletionRequest
+    ) -> JSONResponse | StreamingResponse:
+        """Run a validated request and answer it (JSON, or SSE when ``stream``)."""
+        chat = isinstance(req, p.ChatCompletionRequest)
+        prepared = self.prepare_chat(req) if chat else self.prepare_completion(req)  # type: ignore[arg-type]
+        self.async_engine.start()
+        request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
+        outputs = self.async_engine.generate(prepared.prompt_token_ids, prepared.params, request_id)
+        if req.stream:
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            body = _sse(outputs, request_id, self.model_name, chat, usage)
+            return StreamingResponse(body, media_type="text/event-stream")
+        final, text = await _collect(raw, outputs)
+        if final is None:  # the client went away; the request was aborted
+            return JSONResponse(error_body(499, "client disconnected"), status_code=499)
+        _raise_rejection(final)
+        usage_ = _usage(final)
+        reason = _finish_reason(final)
+        created = p.now_s()
+        response: p.ChatCompletion | p.Completion
+        if chat:
+            msg = p.AssistantMessage(content=text)
+            response = p.ChatCompletion(
+                id=request_id,
+                created=created,
+                model=self.model_name,
+                choices=[p.ChatChoice(message=msg, finish_reason=reason)],
+                usage=usage_,
+            )
+        else:
+            response = p.Completion(
+                id=request_id,
+                created=created,
+                model=self.model_name,
+                choices=[p.CompletionChoice(text=text, finish_reason=reason)],
+                usage=usage_,
+            )
+        return JSONResponse(p.dump(response))
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _usage(out: RequestOutput) -> p.Usage:
+    return p.make_usage(out.num_prompt_tokens, out.num_generated_tokens, out.num_cached_tokens)
+
+
+def _finish_reason(out: RequestOutput) -> p.FinishReason | None:
+    if not out.finished:
+        return None
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def _raise_rejection(out: RequestOutput) -> None:
+    if out.error is not None:
+        raise APIError(400, out.error, code=out.finish_reason)
+
+
+async def _collect(
+    raw: Request, outputs: AsyncIterator[RequestOutput]
+) -> tuple[RequestOutput | None, str]:
+    """Join every output; None when the client disconnected first (the request is aborted)."""
+
+    async def join() -> tuple[RequestOutput | None, str]:
+        parts: list[str] = []
+        last = None
+        async for out in outputs:
+            parts.append(out.text)
+            last = out
+        return last, "".join(parts)
+
+    task = asyncio.ensure_future(join())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await raw.is_disconnected():
+                return None, ""
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await outputs.aclose()  # type: ignore[attr-defined]
+
+
+def _event(data: Any) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _sse(
+    outputs: AsyncIterator[RequestOutput], request_id: str, model: str, chat: bool, usage: bool
+) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per text delta, the finish chunk, an optional usage chunk,
+    then ``data: [DONE]``. Cancellation (client gone) aborts the request via ``outputs``."""
+    created = p.now_s()
+
+    def chunk(text: str | None, reason: p.FinishReason | None, role: bool = False) -> str:
+        if chat:
+            delta = p.ChatDelta(role="assistant" if role else None, content=text)
+            c: Any = p.ChatCompletionChunk(
+                id=request_id,
+                created=created,
+                model=model,
+                choices=[p.ChatChunkChoice(delta=delta, finish_reason=reason)],
+            )
+        else:
+            choice = p.CompletionChoice(text=text or "", finish_reason=reason)
+            c = p.Completion(id=request_id, created=created, model=model, choices=[choice])
+        data = p.dump(c)
+        if chat:  # like OpenAI, a delta lists only the fields it sets
+            delta_ = data["choices"][0]["delta"]
+            data["choices"][0]["delta"] = {k: v for k, v in delta_.items() if v is not None}
+        return _event(data)
+
+    try:
+        if chat:
+            yield chunk("", None, role=True)
+        async for out in outputs:
+            if out.error is not None:
+                yield _event(error_body(400, out.error, code=out.finish_reason))
+                break
+            if out.text:
+                yield chunk(out.text, None)
+            if out.finished:
+                yield chunk(None if chat else "", _finish_reason(out))
+                if usage:
+                    cls: Any = p.ChatCompletionChunk if chat else p.Completion
+                    last = cls(
+                        id=request_id, created=created, model=model, choices=[], usage=_usage(out)
+                    )
+                    yield _event(p.dump(last))
+        yield "data: [DONE]\n\n"
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]

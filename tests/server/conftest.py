@@ -1,0 +1,125 @@
+"""Server fixtures: the tiny HF-folder model, real uvicorn servers on free loopback ports
+(in a thread; bounded start/stop), and OpenAI clients pointed at them."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagedattn.server.app import build_app
+from tests.server.tiny_folder import write_tiny_folder
+
+START_TIMEOUT_S = 30.0
+TINY_OPTIONS: dict[str, Any] = {"page_size": 4, "num_pages": 256, "max_num_seqs": 64}
+
+
+@dataclass
+class RunningServer:
+    """A live server: ``url`` (``http://127.0.0.1:<port>``), the app, and a metrics reader."""
+
+    url: str
+    app: FastAPI
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.api_key is None else {"Authorization": f"Bearer {self.api_key}"}
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, keyed ``name{label="v",...}`` (labels sorted, model_name
+        dropped), parsed with prometheus_client's parser."""
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(
+                    f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name"
+                )
+                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
+    def wait_idle(self, timeout_s: float = 30.0) -> dict[str, float]:
+        """Poll /metrics until no request runs or waits and no page is held (bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            idle = (
+                m["pagedattn:num_requests_running"] == 0
+                and m["pagedattn:num_requests_waiting"] == 0
+                and m["pagedattn:num_used_pages"] == 0
+            )
+            if idle or time.monotonic() > deadline:
+                return m
+            time.sleep(0.05)
+
+
+@contextmanager
+def serve_app(app: FastAPI, api_key: str | None = None) -> Iterator[RunningServer]:
+    """Run ``app`` under uvicorn on a free loopback port in a daemon thread."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield RunningServer(f"http://127.0.0.1:{port}", app, api_key)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_folder(tmp_path_factory.mktemp("server") / "tiny-llama")
+
+
+ServerFactory = Callable[..., Any]
+
+
+@pytest.fixture(scope="session")
+def make_server(tiny_model_dir: Path) -> Iterator[ServerFactory]:
+    """``with make_server(**options) as srv:`` a fresh tiny-model server (own engine, metrics)."""
+
+    @contextmanager
+    def factory(api_key: str | None = None, **options: Any) -> Iterator[RunningServer]:
+        app = build_app(str(tiny_model_dir), api_key=api_key, **{**TINY_OPTIONS, **options})
+        with serve_app(app, api_key) as srv:
+            yield srv
+
+    yield factory
+
+
+@pytest.fixture(scope="session")
+def server(make_server: ServerFactory) -> Iterator[RunningServer]:
+    """One tiny-model server shared by the session (page_size 4, 256 pages)."""
+    with make_server() as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
