@@ -94,6 +94,9 @@ def check_pages(
             f"context_lens: expected 0 <= context_len <= max_pages_per_seq * page_size = "
             f"{tables.shape[1]} * {page_size} = {capacity}, sequence {s} has {int(ctx[s])}"
         )
+    used = tables[:, : -(-int(ctx.max(initial=0)) // page_size)]
+    if used.size == 0 or (used.min() >= 0 and used.max() < num_pages):
+        return  # fast path: every entry up to the longest context is a valid page id
     ctx64 = ctx.astype(np.int64)
     sink_end = np.minimum(num_sink_tokens, ctx64)
     lo = np.zeros_like(ctx64)
