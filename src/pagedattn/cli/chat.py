@@ -1,0 +1,181 @@
+"""`pagedattn chat`: a multi-turn conversation on stdin/stdout that reuses its KV pages.
+
+Each turn's prompt is the conversation's exact token ids so far (every earlier prompt id and
+every generated id, the end-of-turn id included) extended by the token ids of the chat
+template's text between the previous answer and the new assistant header. Re-tokenizing the
+whole rendered conversation instead could split the answer differently from the ids the model
+generated, which would break the prefix hash chain; keeping the ids makes every full page of
+the history a prefix-cache hit (the pages of a finished request stay cached until LRU eviction
+reuses them).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedattn.cli.app import app
+from pagedattn.cli.options import (
+    IgnoreEosOption,
+    KvCacheMibOption,
+    MaxTokensOption,
+    ModelOption,
+    PageSizeOption,
+    PositionModeOption,
+    PrefixCachingOption,
+    SeedOption,
+    SinksOption,
+    SlidingWindowOption,
+    StatsOption,
+    SystemOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    build_engine,
+    build_sampling_params,
+    cli_errors,
+)
+
+PROMPT_MARKER = ">>> "
+HELP_TEXT = "Type a message; /reset clears the conversation, /exit or Ctrl-D ends it."
+
+
+@dataclass
+class Conversation:
+    """A chat's messages and the exact token ids the model has seen and generated.
+
+    Attributes:
+        tokenizer: ``pagedattn.model.tokenizer.Tokenizer`` with a chat template.
+        system: optional system message, kept across ``reset``.
+        messages: the conversation, oldest first.
+        token_ids: prompt ids of the last turn + its generated ids ([] before the first turn).
+        text: the text ``token_ids`` spell (special tokens included).
+    """
+
+    tokenizer: Any
+    system: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every turn (the system message stays)."""
+        self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        self.token_ids, self.text = [], ""
+
+    def prompt_for(self, user: str) -> tuple[list[int], str]:
+        """Token ids (and their text) of the next prompt: history ids + template delta.
+
+        Falls back to tokenizing the whole rendered conversation when the history text is
+        not a prefix of it (e.g. the model emitted a special token the template renders
+        differently); the prefix cache then still serves the pages that match.
+
+        Raises:
+            ValueError: the tokenizer has no chat template.
+        """
+        messages: Sequence[Mapping[str, str]] = [*self.messages, {"role": "user", "content": user}]
+        full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if self.token_ids and full.startswith(self.text):
+            delta = self.tokenizer.encode(full[len(self.text) :], add_special_tokens=False)
+            return [*self.token_ids, *delta], full
+        return self.tokenizer.encode(full, add_special_tokens=False), full
+
+    def record(
+        self, user: str, prompt_ids: list[int], prompt_text: str, answer_ids: list[int], answer: str
+    ) -> None:
+        """Append a finished turn: the user message, the answer and their exact ids."""
+        self.messages += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": answer},
+        ]
+        self.token_ids = [*prompt_ids, *answer_ids]
+        self.text = prompt_text + self.tokenizer.decode(answer_ids, skip_special_tokens=False)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@app.command("chat")
+def chat(
+    system: SystemOption = None,
+    max_tokens: MaxTokensOption = 256,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    top_k: TopKOption = 0,
+    seed: SeedOption = None,
+    ignore_eos: IgnoreEosOption = False,
+    model: ModelOption = None,
+    page_size: PageSizeOption = 16,
+    kv_cache_mib: KvCacheMibOption = 256.0,
+    sliding_window: SlidingWindowOption = 0,
+    sinks: SinksOption = 0,
+    position_mode: PositionModeOption = "absolute",
+    prefix_caching: PrefixCachingOption = True,
+    stats: StatsOption = False,
+) -> None:
+    """Chat with the model: one message per line on stdin, answers streamed to stdout.
+
+    /reset clears the history, /exit or end of input (Ctrl-D) ends the chat.
+
+    Every turn reuses the KV pages of the conversation so far (--stats shows how many prompt
+    tokens came from the cache). Defaults: greedy (temperature 0), at most 256 tokens a turn.
+    """
+    from pagedattn.cli.stream import format_stats, stream_request
+
+    with cli_errors():
+        params = build_sampling_params(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            ignore_eos=ignore_eos,
+        )
+        engine = build_engine(
+            model,
+            page_size=page_size,
+            kv_cache_mib=kv_cache_mib,
+            sliding_window=sliding_window,
+            sinks=sinks,
+            position_mode=position_mode,
+            prefix_caching=prefix_caching,
+        )
+        conversation = Conversation(engine.tokenizer, system)
+        conversation.prompt_for("")  # fail now if the model has no chat template
+        print(HELP_TEXT, file=sys.stderr, flush=True)
+        while True:
+            _write(PROMPT_MARKER)
+            line = sys.stdin.readline()
+            if not line:  # end of input
+                _write("\n")
+                return
+            user = line.rstrip("\r\n")
+            command = user.strip()
+            if command == "/exit":
+                return
+            if command == "/reset":
+                conversation.reset()
+                print("(conversation cleared)", file=sys.stderr, flush=True)
+                continue
+            if not command:
+                continue
+            ids, text = conversation.prompt_for(user)
+            try:
+                result = stream_request(engine, ids, params, _write)
+            except KeyboardInterrupt:
+                print("\n(interrupted; the turn was dropped)", file=sys.stderr, flush=True)
+                continue
+            _write("\n")
+            if result.error:
+                print(f"error: {result.error} (use /reset)", file=sys.stderr, flush=True)
+                continue
+            conversation.record(user, ids, text, result.token_ids, result.text)
+            if stats:
+                print(format_stats(result), file=sys.stderr, flush=True)
