@@ -1,0 +1,108 @@
+"""API-key auth (every route but /health) and `pagedattn serve` as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import ServerFactory
+
+KEY = "sk-test-123"
+
+
+def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -> None:
+    import openai
+
+    with make_server(api_key=KEY) as srv:
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/chat/completions"),
+        ]:
+            for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}]:
+                r = httpx.request(method, srv.url + path, headers=headers, json={})
+                assert r.status_code == 401, (path, headers)
+                error = r.json()["error"]
+                assert error["type"] == "authentication_error"
+                assert error["code"] == "invalid_api_key"
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+
+        good = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        out = good.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+        assert out.usage.completion_tokens + (out.choices[0].finish_reason == "stop") >= 1
+        bad = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="nope", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        assert httpx.get(f"{srv.url}/metrics", headers=srv.headers).status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-c",
+        "from pagedattn.cli import main; main()",
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--page-size",
+        "8",
+        "--num-pages",
+        "32",
+        "--max-model-len",
+        "64",
+        "--log-level",
+        "warning",
+    ]
+    env = {**os.environ, "PAGEDATTN_API_KEY": KEY}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        headers = {"Authorization": f"Bearer {KEY}"}
+        models: Any = httpx.get(f"{url}/v1/models", headers=headers).json()
+        assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [("tiny", 64)]
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 61}  # 4 + 61 > 64
+        r = httpx.post(f"{url}/v1/completions", json=body, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 4}, headers=headers)
+        assert r.status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json=body).status_code == 401
+        metrics = httpx.get(f"{url}/metrics", headers=headers).text
+        assert 'pagedattn:num_pages{model_name="tiny"} 32.0' in metrics
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode is not None
