@@ -1,0 +1,119 @@
+"""Benchmark prompts cut from real prose: the Jane Austen novels in ``shared/data/corpora``
+(next to the repository), or any UTF-8 text file given with ``--prompt-file``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CORPUS_FILE = "prideprejudice.txt"
+
+
+def default_corpus_file() -> Path:
+    """``../shared/data/corpora/prideprejudice.txt`` relative to the working directory, else
+    relative to this source checkout's repository root.
+
+    Raises:
+        FileNotFoundError: neither exists (pass ``--prompt-file``).
+    """
+    repo = Path(__file__).resolve().parents[3]
+    candidates = [Path.cwd() / "../shared/data/corpora", repo / "../shared/data/corpora"]
+    for folder in candidates:
+        if (folder / CORPUS_FILE).is_file():
+            return (folder / CORPUS_FILE).resolve()
+    raise FileNotFoundError(
+        f"corpus {CORPUS_FILE} not found in ../shared/data/corpora; pass --prompt-file PATH"
+    )
+
+
+def corpus_token_ids(tokenizer: Any, path: Path | None, min_tokens: int) -> list[int]:
+    """Token ids of (a prefix of) a text file, at least ``min_tokens`` of them.
+
+    Reads the file in growing prefixes so a long novel is not tokenized whole.
+
+    Raises:
+        FileNotFoundError: no file. ValueError: the file holds fewer than ``min_tokens`` tokens.
+    """
+    path = default_corpus_file() if path is None else path
+    text = path.read_text(encoding="utf-8", errors="replace")
+    size = 8 * min_tokens
+    while True:
+        ids: list[int] = tokenizer.encode(text[:size], add_special_tokens=False)
+        if len(ids) >= min_tokens:
+            return ids
+        if size >= len(text):
+            raise ValueError(f"{path}: expected at least {min_tokens} tokens, found {len(ids)}")
+        size *= 2
+
+
+def sample_prompts(
+    ids: Sequence[int], num_prompts: int, min_len: int, max_len: int, seed: int
+) -> list[list[int]]:
+    """``num_prompts`` disjoint windows of ``ids`` with lengths uniform in [min_len, max_len].
+
+    Raises:
+        ValueError: bad lengths, or ``ids`` too short for the windows.
+    """
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"prompt lengths: expected 1 <= min <= max, got {min_len}, {max_len}")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_len, max_len + 1, size=num_prompts)
+    if int(lengths.sum()) > len(ids):
+        raise ValueError(f"corpus: {len(ids)} tokens, expected >= {int(lengths.sum())}")
+    prompts, start = [], 0
+    for n in lengths.tolist():
+        prompts.append(list(ids[start : start + n]))
+        start += n
+    return prompts
+
+
+def shared_prefix_prompts(
+    prompts: Sequence[Sequence[int]], prefix: Sequence[int]
+) -> list[list[int]]:
+    """Each prompt with its first half replaced by the same ``prefix`` (truncated to that half),
+    so half of every prompt is a prefix common to all of them.
+
+    Raises:
+        ValueError: ``prefix`` shorter than half the longest prompt.
+    """
+    need = max(len(p) // 2 for p in prompts)
+    if len(prefix) < need:
+        raise ValueError(f"prefix: expected >= {need} tokens, got {len(prefix)}")
+    return [list(prefix[: len(p) // 2]) + list(p[len(p) // 2 :]) for p in prompts]
+
+
+def load_tokenizer(model: str | None) -> Any:
+    """The tokenizer of a model without loading its weights (GGUF metadata or tokenizer.json).
+
+    Raises:
+        FileNotFoundError: no such model. ValueError: an unsupported tokenizer.
+    """
+    from pagedattn.model.gguf_loader import gguf_tokenizer_metadata, open_gguf
+    from pagedattn.model.tokenizer import Tokenizer
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        return Tokenizer.from_folder(path)
+    return Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(open_gguf(path)))
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """The model file or folder (None = the embedded GGUF); a folder holding exactly one .gguf
+    and no config.json resolves to that file.
+
+    Raises:
+        FileNotFoundError: no such path, or the embedded model is not installed.
+    """
+    from pagedattn.model.registry import embedded_model_path
+
+    path = embedded_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    return path

@@ -1,0 +1,116 @@
+"""`bench engine`: offline throughput of many requests, our engine vs HF transformers.
+
+Each side runs in its own process (:mod:`pagedattn.bench.worker`); these are the per-side
+measurements. Ours: every request is queued at once and the engine's continuous batching
+(vLLM-style scheduler, Kwon et al. 2023, arXiv 2309.06180) runs them to completion; the
+wall time from the first ``add_request`` to the last finished request is the elapsed time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Progress = Callable[[str, int, int], None]
+
+
+def run_offline(
+    engine: Any, prompts: Sequence[Sequence[int]], params: Any, phase: str, progress: Progress
+) -> dict[str, float]:
+    """Queue every prompt, step until all finish; return throughput figures.
+
+    Returns:
+        ``{"elapsed_s", "generated_tok_s", "requests_s", "generated", "cached_tokens",
+        "prompt_tokens", "preemptions"}`` (counts are over this run only).
+
+    Raises:
+        RuntimeError: a request was rejected (its error).
+    """
+    before = engine.get_stats()
+    start = time.perf_counter()
+    for p in prompts:
+        engine.add_request(list(p), params)
+    generated = cached = done = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            generated += len(out.token_ids)
+            if out.finished:
+                if out.error:
+                    raise RuntimeError(f"request rejected: {out.error}")
+                cached += out.num_cached_tokens
+                done += 1
+                progress(phase, done, len(prompts))
+    elapsed = time.perf_counter() - start
+    after = engine.get_stats()
+    return {
+        "elapsed_s": elapsed,
+        "generated_tok_s": generated / elapsed,
+        "requests_s": len(prompts) / elapsed,
+        "generated": generated,
+        "cached_tokens": cached,
+        "prompt_tokens": sum(len(p) for p in prompts),
+        "preemptions": after["num_preemptions"] - before["num_preemptions"],
+    }
+
+
+def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Our engine: the distinct prompts, then the shared-prefix prompts with prefix caching on
+    and off (one engine each, all on one loaded model).
+
+    Args (JSON): ``model``, ``prompts``, ``shared_prompts`` (may be empty: skipped),
+        ``output_len``, ``kv_cache_mib``, ``max_num_seqs``, ``page_size``, ``threads``.
+    """
+    import numba
+
+    from pagedattn.engine.llm import engine_config
+    from pagedattn.engine.llm_engine import LLMEngine
+    from pagedattn.model.llama import LlamaModel
+    from pagedattn.model.loader import load_model
+    from pagedattn.sampling_params import SamplingParams
+
+    numba.set_num_threads(int(args["threads"]))
+    loaded = load_model(args.get("model"))
+    model = LlamaModel(loaded.config, loaded.weights)
+
+    def engine(prefix_caching: bool) -> LLMEngine:
+        config = engine_config(
+            args.get("model"),
+            page_size=int(args["page_size"]),
+            kv_cache_mib=float(args["kv_cache_mib"]),
+            max_num_seqs=int(args["max_num_seqs"]),
+            enable_prefix_caching=prefix_caching,
+        )
+        return LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
+
+    params = SamplingParams(temperature=0.0, max_tokens=int(args["output_len"]), ignore_eos=True)
+    warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    prompts, shared = args["prompts"], args["shared_prompts"]
+    # Warm-up (kernel compilation) on its own engine, so it leaves nothing in the prefix cache.
+    run_offline(engine(False), [prompts[0][:20], prompts[-1][:28]], warm, "warm-up", progress)
+    result: dict[str, Any] = {"main": run_offline(engine(True), prompts, params, "ours", progress)}
+    if shared:
+        for flag, name in ((True, "shared_on"), (False, "shared_off")):
+            phase = f"ours shared prefix, caching {'on' if flag else 'off'}"
+            result[name] = run_offline(engine(flag), shared, params, phase, progress)
+    return result
+
+
+def measure_hf(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """HF transformers ``generate`` over batches of ``batch_size`` left-padded prompts.
+
+    Args (JSON): ``model_path``, ``prompts``, ``output_len``, ``batch_size``, ``pad_token_id``,
+        ``threads``.
+    """
+    from pagedattn.bench.hf_reference import hf_batch_generate, load_hf_model
+
+    model = load_hf_model(args["model_path"], int(args["threads"]))
+    main = hf_batch_generate(
+        model,
+        args["prompts"],
+        int(args["output_len"]),
+        int(args["batch_size"]),
+        int(args["pad_token_id"]),
+        progress,
+    )
+    return {"main": main}

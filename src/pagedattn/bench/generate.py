@@ -1,0 +1,91 @@
+"""`bench generate`: single-stream prefill and decode speed, our engine vs HF transformers.
+
+Each side runs in its own process (:mod:`pagedattn.bench.worker`); these are the per-side
+measurements.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pagedattn.engine.outputs import RequestOutput
+
+Progress = Callable[[str, int, int], None]
+
+
+def run_one(engine: Any, prompt_ids: Sequence[int], params: Any) -> RequestOutput:
+    """Run one request alone on an idle engine; return its final output (with metrics).
+
+    Raises:
+        RuntimeError: the engine rejected the request (its error message).
+    """
+    request_id = engine.add_request(list(prompt_ids), params)
+    final: RequestOutput | None = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id and out.finished:
+                final = out
+    if final is None or final.error:
+        raise RuntimeError(f"request failed: {None if final is None else final.error}")
+    return final
+
+
+def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Our engine on one stream: prefill of the prompt and decode after it.
+
+    Args (JSON): ``model`` (path or None), ``prompt_ids``, ``output_len``, ``repeats``,
+        ``threads``, ``page_size``. Prefix caching is off so every repeat computes the prompt.
+
+    Method: prefill = median over ``repeats`` requests of (first token - first scheduled) with
+    ``max_tokens=1``; decode = (output_len - 1) / (last token - first token) of one greedy
+    request with ``ignore_eos`` (after one warm-up request that compiles the kernels).
+    """
+    import numba
+
+    from pagedattn.engine.llm import engine_config
+    from pagedattn.engine.llm_engine import LLMEngine
+    from pagedattn.sampling_params import SamplingParams
+
+    numba.set_num_threads(int(args["threads"]))
+    prompt, output_len, repeats = list(args["prompt_ids"]), int(args["output_len"]), args["repeats"]
+    config = engine_config(
+        args.get("model"), page_size=int(args.get("page_size", 16)), enable_prefix_caching=False
+    )
+    engine = LLMEngine.from_config(config)
+    total = repeats + 2
+    run_one(engine, prompt[:32], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    progress("ours warm-up", 1, total)
+    times = []
+    for i in range(repeats):
+        m = run_one(engine, prompt, SamplingParams(temperature=0.0, max_tokens=1)).metrics
+        assert m.first_token_time is not None and m.first_scheduled_time is not None
+        times.append(m.first_token_time - m.first_scheduled_time)
+        progress("ours prefill", i + 2, total)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    out = run_one(engine, prompt, params)
+    m = out.metrics
+    assert m.first_token_time is not None and m.last_token_time is not None
+    progress("ours decode", total, total)
+    prefill_s = statistics.median(times)
+    return {
+        "prefill_tok_s": len(prompt) / prefill_s,
+        "decode_tok_s": (out.num_generated_tokens - 1) / (m.last_token_time - m.first_token_time),
+        "prefill_s": prefill_s,
+        "generated": out.num_generated_tokens,
+    }
+
+
+def measure_hf(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """HF transformers on the same stream (see ``hf_reference.hf_single_stream`` for the method).
+
+    Args (JSON): ``model_path`` (a .gguf or HF folder), ``prompt_ids``, ``output_len``,
+        ``repeats``, ``threads``.
+    """
+    from pagedattn.bench.hf_reference import hf_single_stream, load_hf_model
+
+    model = load_hf_model(args["model_path"], int(args["threads"]))
+    return hf_single_stream(
+        model, args["prompt_ids"], int(args["output_len"]), int(args["repeats"]), progress
+    )

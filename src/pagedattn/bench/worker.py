@@ -1,0 +1,97 @@
+"""Run one benchmark side in a fresh Python process, so each side has its own peak RSS,
+thread pools and imports (numba vs torch), and report back as JSON lines.
+
+Protocol (stdout of the child, one JSON object a line): ``{"event": "progress", "phase": str,
+"done": int, "total": int}`` any number of times, then ``{"event": "result", "result": {...}}``
+with ``peak_rss_mib`` (``getrusage(RUSAGE_SELF).ru_maxrss``: the child's resident-set peak,
+model loading included) added. Arguments travel as a JSON file; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TASKS = {
+    "generate-ours": "pagedattn.bench.generate:measure_ours",
+    "generate-hf": "pagedattn.bench.generate:measure_hf",
+    "engine-ours": "pagedattn.bench.engine:measure_ours",
+    "engine-hf": "pagedattn.bench.engine:measure_hf",
+}
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_worker(
+    task: str,
+    args: dict[str, Any],
+    threads: int,
+    on_progress: Callable[[str, int, int], None],
+) -> dict[str, Any]:
+    """Run ``task`` (a key of :data:`TASKS`) in a child process with ``threads`` threads for
+    numba, BLAS and torch; return its result dict.
+
+    Raises:
+        ValueError: an unknown task. RuntimeError: the child failed (its last stderr line).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task: expected one of {sorted(TASKS)}, got {task!r}")
+    env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads))}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory(prefix="pagedattn-bench-") as tmp:
+        args_path = Path(tmp) / "args.json"
+        args_path.write_text(json.dumps({**args, "threads": threads}), encoding="utf-8")
+        err_path = Path(tmp) / "stderr.txt"
+        result: dict[str, Any] | None = None
+        with err_path.open("w") as err:
+            cmd = [sys.executable, "-m", "pagedattn.bench.worker", task, str(args_path)]
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as p:
+                assert p.stdout is not None
+                for line in p.stdout:
+                    if not line.startswith("{"):
+                        continue
+                    event = json.loads(line)
+                    if event["event"] == "progress":
+                        on_progress(event["phase"], event["done"], event["total"])
+                    elif event["event"] == "result":
+                        result = event["result"]
+        if p.returncode != 0 or result is None:
+            lines = [x for x in err_path.read_text(errors="replace").splitlines() if x.strip()]
+            last = lines[-1] if lines else f"exit code {p.returncode}"
+            raise RuntimeError(f"benchmark worker {task!r} failed: {last}")
+    return result
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _progress(phase: str, done: int, total: int) -> None:
+    _emit({"event": "progress", "phase": phase, "done": done, "total": total})
+
+
+def main(argv: list[str]) -> None:
+    """Child entry point: ``python -m pagedattn.bench.worker TASK ARGS.json``."""
+    task, args_path = argv
+    module, name = TASKS[task].split(":")
+    fn = getattr(importlib.import_module(module), name)
+    args = json.loads(Path(args_path).read_text(encoding="utf-8"))
+    result = fn(args, _progress)
+    _emit({"event": "result", "result": {**result, "peak_rss_mib": peak_rss_mib()}})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

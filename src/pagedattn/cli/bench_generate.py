@@ -1,0 +1,102 @@
+"""`pagedattn bench generate`: single-stream prefill / decode tok/s vs HF transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pagedattn.cli.app import bench_app
+from pagedattn.cli.options import ModelOption, cli_errors
+
+DECODE_TARGET, PREFILL_TARGET = 3.0, 1.2
+
+
+@bench_app.command("generate")
+def bench_generate(
+    model: ModelOption = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option(help="UTF-8 text to cut the prompt from (default: a novel).")
+    ] = None,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 512,
+    output_len: Annotated[int, typer.Option(help="Generated tokens for decode (>= 2).")] = 128,
+    repeats: Annotated[int, typer.Option(help="Timed prefills (median).")] = 3,
+    threads: Annotated[int, typer.Option(help="numba / BLAS / torch threads.")] = 2,
+    hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
+    ] = None,
+) -> None:
+    """Prefill tok/s of one prompt and decode tok/s of one greedy stream, ours vs HF
+    transformers on the same model file, each in its own process (peak RSS per side)."""
+    import os
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
+    from pagedattn.bench.worker import run_worker
+
+    console = Console()
+    with cli_errors():
+        if prompt_len < 1 or output_len < 2 or repeats < 1 or threads < 1:
+            raise ValueError(
+                "expected --prompt-len >= 1, --output-len >= 2, --repeats >= 1, --threads >= 1"
+            )
+        path = resolve_model_path(model)
+        ids = corpus_token_ids(load_tokenizer(model), prompt_file, prompt_len)[:prompt_len]
+        args: dict[str, Any] = {
+            "model": str(path),
+            "model_path": str(path),
+            "prompt_ids": ids,
+            "output_len": output_len,
+            "repeats": repeats,
+        }
+        results: dict[str, dict[str, Any]] = {}
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        ]
+        with Progress(*columns, console=console, transient=True) as progress:
+            for side in ["ours", "hf"] if hf else ["ours"]:
+                task = progress.add_task(f"{side}: loading", total=repeats + 2)
+
+                def update(phase: str, done: int, total: int, task: Any = task) -> None:
+                    progress.update(task, description=phase, completed=done, total=total)
+
+                results[side] = run_worker(f"generate-{side}", args, threads, update)
+        load = os.getloadavg()
+    if json_out is not None:
+        json_out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+    table = Table(
+        title=f"bench generate: {path.name}, {threads} threads, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for name in ("metric", "ours", "HF transformers", "ours / HF", "target", "met"):
+        table.add_column(name, justify="right" if name != "metric" else "left")
+    rows = [
+        (f"prefill tok/s ({prompt_len}-token prompt)", "prefill_tok_s", PREFILL_TARGET),
+        (f"decode tok/s ({output_len} tokens, greedy)", "decode_tok_s", DECODE_TARGET),
+        ("peak RSS MiB", "peak_rss_mib", None),
+    ]
+    for label, key, target in rows:
+        ours = results["ours"][key]
+        ref = results["hf"][key] if hf else None
+        ratio = "" if ref is None else f"{ours / ref:.2f}x"
+        goal = "" if target is None else f">= {target}x"
+        met = "" if ref is None or target is None else ("yes" if ours / ref >= target else "NO")
+        table.add_row(label, f"{ours:.1f}", "-" if ref is None else f"{ref:.1f}", ratio, goal, met)
+    console.print(table)
+    console.print(
+        "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
+        "first token; decode = (N-1)/(last token - first token) of one greedy request, prefix "
+        "caching off. HF: prefill = median time of one forward on the prompt (use_cache=True); "
+        "decode = (N-1)/(t(generate N) - t(generate 1)), min_new_tokens = max_new_tokens. Both "
+        "float32, same GGUF, same prompt ids. Peak RSS = each side's process, model load included."
+    )

@@ -1,0 +1,99 @@
+"""Smoke tests of the benchmark commands on the tiny random model with tiny sizes: the table
+prints, every figure is positive, the counts add up. (Not timed: no speed is asserted.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import pagedattn.cli.bench_engine
+import pagedattn.cli.bench_generate  # noqa: F401  (register the commands)
+from pagedattn.bench.corpus import sample_prompts, shared_prefix_prompts
+from pagedattn.cli.app import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
+    return path
+
+
+def test_bench_generate_prints_table_and_positive_figures(
+    tiny_gguf: Path, prompt_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "gen.json"
+    args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
+            "--prompt-len", "40", "--output-len", "6", "--repeats", "1", "--threads", "1",
+            "--no-hf", "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "bench generate: tiny.gguf" in result.stdout and "prefill tok/s" in result.stdout
+    figures = json.loads(out.read_text())["ours"]
+    assert figures["generated"] == 6
+    for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib"):
+        assert figures[key] > 0
+
+
+def test_bench_engine_counts_every_token_and_prefix_hits(
+    tiny_gguf: Path, prompt_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "engine.json"
+    args = ["bench", "engine", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
+            "--num-requests", "5", "--min-prompt-len", "36", "--max-prompt-len", "60",
+            "--output-len", "4", "--threads", "1", "--max-num-seqs", "2", "--no-hf",
+            "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "bench engine: tiny.gguf" in result.stdout and "gen tok/s" in result.stdout
+    assert "prefix caching on vs off (50% shared prefix): " in result.stdout
+    figures = json.loads(out.read_text())["ours"]
+    for run in ("main", "shared_on", "shared_off"):
+        assert figures[run]["generated"] == 5 * 4
+        assert figures[run]["generated_tok_s"] > 0 and figures[run]["requests_s"] > 0
+    # With at most 2 sequences a step, later requests find the common prefix pages cached.
+    assert figures["shared_on"]["cached_tokens"] > 0
+    assert figures["shared_off"]["cached_tokens"] == 0
+
+
+def test_bench_engine_bad_sizes_are_one_line_errors(tiny_gguf: Path) -> None:
+    result = runner.invoke(app, ["bench", "engine", "-m", str(tiny_gguf), "--num-requests", "0"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: --num-requests: expected an int >= 1, got 0\n"
+
+
+def test_prompt_sampling_is_disjoint_and_shared_prefix_is_half() -> None:
+    ids = list(range(1000))
+    prompts = sample_prompts(ids, 4, 10, 30, seed=3)
+    assert [len(p) for p in prompts] == [len(p) for p in sample_prompts(ids, 4, 10, 30, seed=3)]
+    flat = [t for p in prompts for t in p]
+    assert flat == ids[: len(flat)] and all(10 <= len(p) <= 30 for p in prompts)
+    prefix = list(range(5000, 5015))
+    shared = shared_prefix_prompts(prompts, prefix)
+    for p, s in zip(prompts, shared, strict=True):
+        half = len(p) // 2
+        assert s == prefix[:half] + p[half:]
+    with pytest.raises(ValueError, match=r"corpus: 20 tokens, expected >= \d+"):
+        sample_prompts(ids[:20], 4, 10, 30, seed=3)
+
+
+@pytest.mark.hf
+def test_bench_generate_with_hf_reference_on_the_tiny_gguf(
+    tiny_gguf: Path, prompt_file: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "gen.json"
+    args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
+            "--prompt-len", "24", "--output-len", "3", "--repeats", "1", "--threads", "1",
+            "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "ours / HF" in result.stdout
+    hf = json.loads(out.read_text())["hf"]
+    for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib"):
+        assert hf[key] > 0
