@@ -77,8 +77,8 @@ def prefill(**kw):  # type: ignore[no-untyped-def]
             r"page_tables: expected page ids in \[0, num_pages = 6\).*sequence 0 entry 1 is 6",
         ),
         (
-            {"page_tables": np.array([[0, 1], [-1, 3]], np.int32)},
-            r"page_tables: .*sequence 1 entry 0 is -1",
+            {"page_tables": np.array([[0, 1], [-2, 3]], np.int32)},
+            r"page_tables: .*or -1 \(absent\).*sequence 1 entry 0 is -2",
         ),
         ({"sliding_window": 0}, r"sliding_window: expected None or >= 1"),
         ({"num_sink_tokens": -1}, r"num_sink_tokens: expected >= 0"),
@@ -89,13 +89,31 @@ def test_decode_rejects(kw: dict, pattern: str) -> None:  # type: ignore[type-ar
         decode(**kw)
 
 
-def test_unread_pages_may_be_minus_one() -> None:
-    tables = np.array([[-1, 1], [2, 3]], np.int32)  # seq 0 (5 keys): window 1 reads page 1 only
-    out = decode(page_tables=tables, sliding_window=1)
-    assert out.shape == Q.shape and np.isfinite(out).all()
-    for kw in ({"sliding_window": 2}, {"sliding_window": 1, "num_sink_tokens": 1}, {}):
-        with pytest.raises(ValueError, match="sequence 0 entry 0 is -1"):
-            decode(page_tables=tables, **kw)
+def test_absent_pages_are_not_visible() -> None:
+    """-1 marks a page the cache evicted: its keys drop out of the softmax, never read."""
+    rng = np.random.default_rng(7)
+    k_cache = np.full((6, 3, 4, 8), np.nan, np.float32)  # NaN: any read would poison the output
+    v_cache = np.full((6, 3, 4, 8), np.nan, np.float32)
+    k = rng.standard_normal((12, 3, 8), dtype=np.float32)
+    v = rng.standard_normal((12, 3, 8), dtype=np.float32)
+    tables = np.array([[4, -1, 2]], np.int32)  # keys 4..7 live on an evicted page
+    kept = np.r_[0:4, 8:12]
+    j = kept
+    write_kv(k_cache, v_cache, k[kept], v[kept], tables[0, j // 4] * 4 + j % 4)
+    q = rng.standard_normal((1, 9, 8), dtype=np.float32)
+    ctx = np.array([12], np.int32)
+    expected = reference_attention(q, k[kept], v[kept])  # the last row sees every kept key
+    out = paged_attention_decode(q, k_cache, v_cache, tables, ctx)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    out = paged_attention_prefill(q, k_cache, v_cache, tables, np.array([0, 1], np.int32), ctx)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    # A window that only covers the absent page: the row sees nothing -> zeros, lse -inf.
+    only_absent = np.array([[4, -1, -1]], np.int32)
+    out, lse = paged_attention_decode(
+        q, k_cache, v_cache, only_absent, np.array([8], np.int32), sliding_window=4,
+        return_lse=True,
+    )  # fmt: skip
+    assert (out == 0).all() and np.isneginf(lse).all()
 
 
 @pytest.mark.parametrize(

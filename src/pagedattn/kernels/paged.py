@@ -132,8 +132,8 @@ def paged_attention_decode(
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``; ``num_heads % num_kv_heads == 0``.
         k_cache, v_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``, C-contiguous.
-        page_tables: integer ``(num_seqs, max_pages_per_seq)``; entries of pages holding no
-            visible key (e.g. freed out-of-window pages) may be ``-1`` and are never read.
+        page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` marks an absent page
+            (evicted by the cache): its keys are not visible and it is never read.
         context_lens: integer ``(num_seqs,)``, KV tokens of each sequence including the new one
             (already written with :func:`write_kv`); 0 yields zeros.
         scale: multiplier of ``q . k``; defaults to ``1 / sqrt(head_dim)``.
@@ -201,7 +201,8 @@ def paged_attention_prefill(
     Args:
         q: float32 ``(num_tokens, num_heads, head_dim)``, the new tokens of all sequences, flat.
         k_cache, v_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``, C-contiguous.
-        page_tables: integer ``(num_seqs, max_pages_per_seq)``; unread entries may be ``-1``.
+        page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent page, as in
+            :func:`paged_attention_decode`.
         query_start_loc: integer ``(num_seqs + 1,)``, non-decreasing, from 0 to ``num_tokens``.
         context_lens: integer ``(num_seqs,)``, all KV tokens of each sequence including its new
             ones (already written with :func:`write_kv`); ``q_len <= context_len``.

@@ -83,9 +83,11 @@ def check_pages(
 ) -> None:
     """Check context lengths against the page tables and the page ids the kernels will read.
 
-    Only pages holding a key visible to some query row are checked (the rest may be -1):
-    the sinks ``[0, min(S, ctx))`` and ``[max(p_first - W + 1, S), ctx)``, where ``p_first =
-    ctx - q_len`` is the first new row's position.
+    ``-1`` means "absent page" (evicted by the cache): its keys are not visible and it is
+    never read. Every other entry of a page holding a key visible to some query row must be a
+    valid page id: the sinks ``[0, min(S, ctx))`` and ``[max(p_first - W + 1, S), ctx)``, where
+    ``p_first = ctx - q_len`` is the first new row's position; entries outside those ranges
+    are never read nor checked.
     """
     capacity = tables.shape[1] * page_size
     if (ctx < 0).any() or (ctx > capacity).any():
@@ -95,8 +97,8 @@ def check_pages(
             f"{tables.shape[1]} * {page_size} = {capacity}, sequence {s} has {int(ctx[s])}"
         )
     used = tables[:, : -(-int(ctx.max(initial=0)) // page_size)]
-    if used.size == 0 or (used.min() >= 0 and used.max() < num_pages):
-        return  # fast path: every entry up to the longest context is a valid page id
+    if used.size == 0 or (used.min() >= -1 and used.max() < num_pages):
+        return  # fast path: every entry up to the longest context is a page id or absent
     ctx64 = ctx.astype(np.int64)
     sink_end = np.minimum(num_sink_tokens, ctx64)
     lo = np.zeros_like(ctx64)
@@ -108,10 +110,10 @@ def check_pages(
         (start < ctx64[:, None]) & (start + page_size > rest_start[:, None])
     )
     read &= (q_lens > 0)[:, None]
-    bad = read & ((tables < 0) | (tables >= num_pages))
+    bad = read & ((tables < -1) | (tables >= num_pages))
     if bad.any():
         s, i = (int(x) for x in np.argwhere(bad)[0])
         raise ValueError(
-            f"page_tables: expected page ids in [0, num_pages = {num_pages}) for every page "
-            f"read, sequence {s} entry {i} is {int(tables[s, i])}"
+            f"page_tables: expected page ids in [0, num_pages = {num_pages}) or -1 (absent) "
+            f"for every page read, sequence {s} entry {i} is {int(tables[s, i])}"
         )

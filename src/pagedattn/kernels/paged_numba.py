@@ -104,6 +104,10 @@ def _attend(
                 base = pi * page_size
                 for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
                     j = base + t - key0
+                    if page < 0:  # absent page (evicted by the cache): its keys are not visible
+                        for h in range(group):
+                            scores[h, j] = _NEG_INF
+                        continue
                     for h in range(group):  # K row t stays in L1 for every head of the group
                         s = np.float32(0.0)
                         for d in range(head_dim):
@@ -113,6 +117,10 @@ def _attend(
                 block_max = _NEG_INF
                 for j in range(k0 - key0, k1 - key0):
                     block_max = max(block_max, scores[h, j])
+                if block_max == _NEG_INF:  # every key of this block sits on an absent page
+                    for j in range(k0 - key0, k1 - key0):
+                        scores[h, j] = 0.0
+                    continue
                 m_old = m[r, h]
                 total = lsum[r, h]
                 if block_max > m_old:  # rescale only when the running max grows
@@ -125,6 +133,8 @@ def _attend(
                 lsum[r, h] = total
             for pi in range(k0 // page_size, (k1 - 1) // page_size + 1):
                 page = table_row[pi]
+                if page < 0:
+                    continue
                 base = pi * page_size
                 for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
                     j = base + t - key0
