@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.model.quantized import SUPPORTED as QUANTIZED_TYPES
+from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -155,8 +157,13 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
     )
 
 
-def gguf_weights(reader: Any, config: ModelConfig) -> dict[str, np.ndarray]:
+def gguf_weights(
+    reader: Any, config: ModelConfig
+) -> tuple[dict[str, np.ndarray], dict[str, BlockQuantized]]:
     """Dequantize every used tensor to float32, renamed to HF and with q/k rows un-permuted.
+
+    Also returns the Q4_0 / Q4_1 / Q8_0 matrices in their exact block form (same rows order),
+    whose ``dequantize()`` equals the float32 weight bit for bit (see :mod:`.quantized`).
 
     Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
     K-quants...).
@@ -167,6 +174,7 @@ def gguf_weights(reader: Any, config: ModelConfig) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     weights: dict[str, np.ndarray] = {}
+    quantized: dict[str, BlockQuantized] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         if name is None:
@@ -179,12 +187,19 @@ def gguf_weights(reader: Any, config: ModelConfig) -> dict[str, np.ndarray]:
             ) from exc
         # GGUF lists dims fastest-first; numpy wants them slowest-first.
         w = np.asarray(w, dtype=np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
-        if name.endswith("q_proj.weight"):
-            w = reverse_permute(w, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = reverse_permute(w, config.num_kv_heads)
+        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
+        num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
+        if num_heads is not None:
+            w = reverse_permute(w, num_heads)
         weights[name] = np.ascontiguousarray(w)
-    return weights
+        kind = tensor.tensor_type.name
+        if kind in QUANTIZED_TYPES and w.ndim == 2 and w.shape[1] % 32 == 0:
+            block = from_gguf_blocks(tensor.data, kind, (w.shape[0], w.shape[1]))
+            if num_heads is not None:
+                rows = reverse_permute(np.arange(w.shape[0])[:, None], num_heads)[:, 0]
+                block = block.take_rows(rows)
+            quantized[name] = block
+    return weights, quantized
 
 
 def gguf_tokenizer_metadata(reader: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ No global state: everything a call needs is the ForwardBatch and the KV pool it 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,12 @@ from pagedattn.config import ModelConfig
 from pagedattn.engine.forward_batch import ForwardBatch
 from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
+from pagedattn.model.quantized import BlockQuantized, qmatmul
 from pagedattn.model.weights import check_weights
+
+# Up to this many rows, a projection with block-quantized weights runs the int8 Numba kernel
+# (reads 4x fewer bytes: decode is bandwidth-bound); more rows go to float32 BLAS GEMM.
+QUANTIZED_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,19 @@ class _Layer:
     mlp_norm: np.ndarray  # (H,)
     w_gate_up_t: np.ndarray  # (H, 2 * I): [gate | up] columns
     w_down_t: np.ndarray  # (I, H)
+    q_qkv: BlockQuantized | None  # ((nh + 2 nkv) * D, H) same matrix in exact block form
+    q_o: BlockQuantized | None  # (H, nh * D)
+    q_gate_up: BlockQuantized | None  # (2 I, H)
+    q_down: BlockQuantized | None  # (H, I)
+
+
+def linear(x: np.ndarray, w_t: np.ndarray, w_q: BlockQuantized | None) -> np.ndarray:
+    """``x @ w_t`` (x: (T, in), w_t: (in, out) float32), via the block-quantized copy ``w_q``
+    of the same matrix when there is one and T <= QUANTIZED_MAX_ROWS. Returns (T, out) float32."""
+    if w_q is not None and x.shape[0] <= QUANTIZED_MAX_ROWS:
+        return qmatmul(x, w_q)
+    out: np.ndarray = x @ w_t
+    return out
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -69,14 +88,29 @@ class LlamaModel:
         config: model shape and numerics.
         weights: float32 tensors by Hugging Face name, (out, in) linears, q/k rows in HF
             (rotate-half) order, as returned by :func:`pagedattn.model.loader.load_model`.
+        quantized: optional exact block forms of the same matrices (``LoadedModel.quantized``);
+            used for steps of at most QUANTIZED_MAX_ROWS tokens, where they give the same
+            logits to float32 rounding while reading 4x fewer bytes.
 
     Raises:
         ValueError: a missing tensor or one whose shape disagrees with ``config``.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        quantized: Mapping[str, BlockQuantized] | None = None,
+    ) -> None:
         check_weights(config, weights, "LlamaModel weights")
         self.config = config
+        quantized = quantized or {}
+
+        def fused(*names: str) -> BlockQuantized | None:
+            """Block form of the row-concatenation of ``names``, if every part has one."""
+            if not all(n in quantized for n in names):
+                return None
+            return BlockQuantized.concat([quantized[n] for n in names])
 
         def f32(name: str) -> np.ndarray:
             return np.ascontiguousarray(weights[name], dtype=np.float32)
@@ -84,6 +118,8 @@ class LlamaModel:
         self.embed = f32("model.embed_tokens.weight")  # (V, H)
         head = self.embed if config.tie_word_embeddings else f32("lm_head.weight")  # (V, H)
         self.lm_head_t = head.T  # (H, V) view: logits = h @ lm_head_t (BLAS transposes in place)
+        head_name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        self.q_lm_head = fused(head_name)  # (V, H) block form, or None
         self.final_norm = f32("model.norm.weight")  # (H,)
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -106,6 +142,10 @@ class LlamaModel:
                     mlp_norm=f32(p + "post_attention_layernorm.weight"),
                     w_gate_up_t=np.ascontiguousarray(gate_up.T),
                     w_down_t=np.ascontiguousarray(f32(p + "mlp.down_proj.weight").T),
+                    q_qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                    q_o=fused(p + "self_attn.o_proj.weight"),
+                    q_gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    q_down=fused(p + "mlp.down_proj.weight"),
                 )
             )
 
@@ -153,7 +193,7 @@ class LlamaModel:
         x = self.embed[ids]  # (T, H)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)
-            qkv = h @ layer.w_qkv_t  # (T, (nh + 2 nkv) * D)
+            qkv = linear(h, layer.w_qkv_t, layer.q_qkv)  # (T, (nh + 2 nkv) * D)
             q = qkv[:, : nh * D].reshape(T, nh, D)  # (T, nh, D) un-rotated
             k = qkv[:, nh * D : (nh + nkv) * D].reshape(T, nkv, D)  # (T, nkv, D)
             v = np.ascontiguousarray(qkv[:, (nh + nkv) * D :]).reshape(T, nkv, D)  # (T, nkv, D)
@@ -186,11 +226,12 @@ class LlamaModel:
                     q_sink=q_sink,
                 )  # (T, nh, D)
             assert isinstance(attn, np.ndarray)
-            x += attn.reshape(T, nh * D) @ layer.w_o_t  # (T, H)
+            x += linear(attn.reshape(T, nh * D), layer.w_o_t, layer.q_o)  # (T, H)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)  # (T, H)
-            gate_up = h @ layer.w_gate_up_t  # (T, 2 I)
+            gate_up = linear(h, layer.w_gate_up_t, layer.q_gate_up)  # (T, 2 I)
             inter = c.intermediate_size
-            x += silu_mul(gate_up[:, :inter], gate_up[:, inter:]) @ layer.w_down_t  # (T, H)
+            act = silu_mul(gate_up[:, :inter], gate_up[:, inter:])  # (T, I)
+            x += linear(act, layer.w_down_t, layer.q_down)  # (T, H)
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
         rows = rms_norm(rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
-        return np.asarray(rows @ self.lm_head_t, dtype=np.float32)  # (num_outputs, V)
+        return linear(rows, self.lm_head_t, self.q_lm_head)  # (num_outputs, V)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from pagedattn.model.gguf_loader import (
     open_gguf,
 )
 from pagedattn.model.hf_loader import hf_config, hf_weights, read_config_json, safetensors_files
+from pagedattn.model.quantized import BlockQuantized
 from pagedattn.model.registry import embedded_model_path
 from pagedattn.model.tokenizer import Tokenizer
 from pagedattn.model.weights import check_weights, expected_weight_shapes
@@ -39,6 +40,8 @@ class LoadedModel:
         fingerprint: ``"xxh3_128:<hex>"`` digest of the model file bytes (the prefix-cache
             namespace).
         source: the file or folder it was loaded from.
+        quantized: GGUF Q4_0/Q4_1/Q8_0 matrices in exact block form, by HF name (a subset of
+            ``weights``; empty for float checkpoints). LlamaModel uses them for decode steps.
     """
 
     config: ModelConfig
@@ -46,16 +49,18 @@ class LoadedModel:
     tokenizer: Tokenizer
     fingerprint: str
     source: Path
+    quantized: dict[str, BlockQuantized] = field(default_factory=dict)
 
 
 def file_fingerprint(paths: list[Path]) -> str:
-    """Stable digest of files' bytes (xxh3-128 over each file's name and bytes, in order).
+    """Stable digest of files' bytes (xxh3-128 over each file's length and bytes, in order;
+    names are left out so a renamed or copied file keeps its fingerprint).
 
     xxh3 hashes at several GB/s, so a 100 MB GGUF costs tens of milliseconds.
     """
     h = xxhash.xxh3_128()
     for path in paths:
-        h.update(path.name.encode("utf-8") + b"\0")
+        h.update(path.stat().st_size.to_bytes(8, "little"))
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             h.update(mm)
     return f"xxh3_128:{h.hexdigest()}"
@@ -64,19 +69,13 @@ def file_fingerprint(paths: list[Path]) -> str:
 def _load_gguf(path: Path) -> LoadedModel:
     reader = open_gguf(path)
     config = gguf_config(reader, path)
-    if config.tie_word_embeddings is False and "output.weight" not in {
-        t.name for t in reader.tensors
-    }:
-        raise ValueError(f"{path}: missing tensor 'output.weight'")
     expected = expected_weight_shapes(config)
-    names = {t.name for t in reader.tensors}
-    if "token_embd.weight" not in names:
-        raise ValueError(f"{path}: missing tensor 'token_embd.weight'")
-    weights = gguf_weights(reader, config)
+    weights, quantized = gguf_weights(reader, config)
     check_weights(config, weights, str(path))
     weights = {k: v for k, v in weights.items() if k in expected}
+    quantized = {k: v for k, v in quantized.items() if k in expected}
     tokenizer = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(reader))
-    return LoadedModel(config, weights, tokenizer, file_fingerprint([path]), path)
+    return LoadedModel(config, weights, tokenizer, file_fingerprint([path]), path, quantized)
 
 
 def _load_folder(folder: Path) -> LoadedModel:
