@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true")
     args = parser.parse_args()
     loaded = load_model(None)
-    model = LlamaModel(loaded.config, loaded.weights, loaded.quantized)
+    model = LlamaModel.from_loaded(loaded)
     plain = LlamaModel(loaded.config, loaded.weights)  # float32 BLAS only
     ids = [int(i) for i in np.random.default_rng(0).integers(100, 40000, args.prompt)]
     pages = (args.prompt + args.decode) // 16 + 2

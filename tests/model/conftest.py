@@ -50,7 +50,7 @@ def real_loaded() -> LoadedModel:
 def real_model(real_loaded: LoadedModel) -> LlamaModel:
     from pagedattn.model.llama import LlamaModel
 
-    return LlamaModel(real_loaded.config, real_loaded.weights, real_loaded.quantized)
+    return LlamaModel.from_loaded(real_loaded)
 
 
 @pytest.fixture(scope="session")

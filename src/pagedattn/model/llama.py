@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from pagedattn.kernels.paged import paged_attention_decode, paged_attention_pref
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.quantized import BlockQuantized, qmatmul
 from pagedattn.model.weights import check_weights
+
+if TYPE_CHECKING:
+    from pagedattn.model.loader import LoadedModel
 
 # Up to this many rows, a projection with block-quantized weights runs the int8 Numba kernel
 # (reads 4x fewer bytes: decode is bandwidth-bound); more rows go to float32 BLAS GEMM.
@@ -148,6 +152,12 @@ class LlamaModel:
                     q_down=fused(p + "mlp.down_proj.weight"),
                 )
             )
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel) -> LlamaModel:
+        """The model of a :func:`pagedattn.model.loader.load_model` result, block-quantized
+        decode path included (prefer this to ``LlamaModel(loaded.config, loaded.weights)``)."""
+        return cls(loaded.config, loaded.weights, loaded.quantized)
 
     def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int, int, int]:
         """Shape of the KV pool this model reads: (layers, 2, num_pages, kv_heads, page_size, D)."""
