@@ -46,6 +46,8 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
+    from pagedattn.model.llama import LlamaModel
+    from pagedattn.model.loader import load_model
     from pagedattn.sampling_params import SamplingParams
 
     numba.set_num_threads(int(args["threads"]))
@@ -53,7 +55,9 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     config = engine_config(
         args.get("model"), page_size=int(args.get("page_size", 16)), enable_prefix_caching=False
     )
-    engine = LLMEngine.from_config(config)
+    loaded = load_model(args.get("model"))
+    model = LlamaModel.from_loaded(loaded)  # block-quantized decode path included
+    engine = LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
     total = repeats + 2
     run_one(engine, prompt[:32], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     progress("ours warm-up", 1, total)
