@@ -134,3 +134,21 @@ def test_text_is_written_delta_by_delta(tiny_gguf: Path) -> None:
     assert len(chunks) > 1 and all(chunks)
     # The second run of the same prompt is served from the prefix cache (full pages only).
     assert result.num_cached_tokens == (len(ids) - 1) // 16 * 16
+
+
+def test_sliding_window_and_sinks_bound_the_pages(tiny_gguf: Path) -> None:
+    window = ["--sliding-window", "8", "--sinks", "4", "--position-mode", "shifted"]
+    common = ["the cat", "-m", str(tiny_gguf), "--page-size", "4", "--max-tokens", "40"]
+    code, out, err = _generate(*common, "--ignore-eos", "--stats", *window)
+    assert code == 0, err
+    llm = LLM(
+        str(tiny_gguf), page_size=4, sliding_window=8, num_sink_tokens=4, position_mode="shifted"
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    expected = llm.chat([{"role": "user", "content": "the cat"}], params, use_tqdm=False)[0]
+    assert out == expected.text + "\n"
+    prompt_len = len(expected.prompt_token_ids)
+    # The prompt is prefilled in one step (all its pages at once); afterwards the window keeps
+    # the sink page plus at most 3 window pages and the page being written.
+    assert f"pages used (peak): {-(-prompt_len // 4)} of " in err
+    assert prompt_len + 40 > 4 * 10  # without the window it would need more than 10 pages
