@@ -16,7 +16,6 @@ Request rules (each violation is a 400 with an OpenAI error body, before the eng
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, value_error
+from pagedattn.server.sse import finish_reason_of, sse_events, usage_of
 
 DISCONNECT_POLL_S = 0.25
 
@@ -196,14 +196,14 @@ class OpenAIServing:
         outputs = self.async_engine.generate(prepared.prompt_token_ids, prepared.params, request_id)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
-            body = _sse(outputs, request_id, self.model_name, chat, usage)
+            body = sse_events(outputs, request_id, self.model_name, chat, usage)
             return StreamingResponse(body, media_type="text/event-stream")
         final, text = await _collect(raw, outputs)
         if final is None:  # the client went away; the request was aborted
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_rejection(final)
-        usage_ = _usage(final)
-        reason = _finish_reason(final)
+        usage_ = usage_of(final)
+        reason = finish_reason_of(final)
         created = p.now_s()
         response: p.ChatCompletion | p.Completion
         if chat:
@@ -230,16 +230,6 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _usage(out: RequestOutput) -> p.Usage:
-    return p.make_usage(out.num_prompt_tokens, out.num_generated_tokens, out.num_cached_tokens)
-
-
-def _finish_reason(out: RequestOutput) -> p.FinishReason | None:
-    if not out.finished:
-        return None
-    return "length" if out.finish_reason == "length" else "stop"
 
 
 def _raise_rejection(out: RequestOutput) -> None:
@@ -273,54 +263,3 @@ async def _collect(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await outputs.aclose()  # type: ignore[attr-defined]
-
-
-def _event(data: Any) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-async def _sse(
-    outputs: AsyncIterator[RequestOutput], request_id: str, model: str, chat: bool, usage: bool
-) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per text delta, the finish chunk, an optional usage chunk,
-    then ``data: [DONE]``. Cancellation (client gone) aborts the request via ``outputs``."""
-    created = p.now_s()
-
-    def chunk(text: str | None, reason: p.FinishReason | None, role: bool = False) -> str:
-        if chat:
-            delta = p.ChatDelta(role="assistant" if role else None, content=text)
-            c: Any = p.ChatCompletionChunk(
-                id=request_id,
-                created=created,
-                model=model,
-                choices=[p.ChatChunkChoice(delta=delta, finish_reason=reason)],
-            )
-        else:
-            choice = p.CompletionChoice(text=text or "", finish_reason=reason)
-            c = p.Completion(id=request_id, created=created, model=model, choices=[choice])
-        data = p.dump(c)
-        if chat:  # like OpenAI, a delta lists only the fields it sets
-            delta_ = data["choices"][0]["delta"]
-            data["choices"][0]["delta"] = {k: v for k, v in delta_.items() if v is not None}
-        return _event(data)
-
-    try:
-        if chat:
-            yield chunk("", None, role=True)
-        async for out in outputs:
-            if out.error is not None:
-                yield _event(error_body(400, out.error, code=out.finish_reason))
-                break
-            if out.text:
-                yield chunk(out.text, None)
-            if out.finished:
-                yield chunk(None if chat else "", _finish_reason(out))
-                if usage:
-                    cls: Any = p.ChatCompletionChunk if chat else p.Completion
-                    last = cls(
-                        id=request_id, created=created, model=model, choices=[], usage=_usage(out)
-                    )
-                    yield _event(p.dump(last))
-        yield "data: [DONE]\n\n"
-    finally:
-        await outputs.aclose()  # type: ignore[attr-defined]
