@@ -55,6 +55,28 @@ def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
         load_model(path)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0},
+            "RoPE scaling 'yarn'",
+        ),
+        (
+            {"llama.rope.dimension_count": 8},
+            r"partial RoPE \(rope.dimension_count 8 != head_dim 16\)",
+        ),
+    ],
+)
+def test_unsupported_rope_is_refused(
+    tmp_path: Path, extra: dict[str, int | float | str], message: str
+) -> None:
+    config = tiny_config()
+    path = write_tiny_gguf(tmp_path / "r.gguf", config, random_weights(config), extra=extra)
+    with pytest.raises(ValueError, match=message):
+        load_model(path)
+
+
 def test_missing_tensor_is_named(tmp_path: Path) -> None:
     weights = random_weights(tiny_config())
     path = write_tiny_gguf(

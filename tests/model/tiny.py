@@ -115,6 +115,7 @@ def write_tiny_gguf(
     arch: str = "llama",
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     drop: tuple[str, ...] = (),
+    extra: dict[str, int | float | str] | None = None,
 ) -> Path:
     """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype)."""
     writer = GGUFWriter(str(path), arch)
@@ -127,7 +128,9 @@ def write_tiny_gguf(
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.head_dim)
+    extra = extra or {}
+    if "llama.rope.dimension_count" not in extra:
+        writer.add_rope_dimension_count(config.head_dim)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     tokens = tiny_tokens()
@@ -137,6 +140,13 @@ def write_tiny_gguf(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
+    for key, value in extra.items():  # extra metadata, e.g. RoPE scaling
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
     for name, w in weights.items():
         if name in drop:
             continue
