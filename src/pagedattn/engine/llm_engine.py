@@ -103,7 +103,7 @@ class LLMEngine:
 
         config = EngineConfig() if config is None else config
         loaded = load_model(config.model)
-        model = LlamaModel(loaded.config, loaded.weights)
+        model = LlamaModel.from_loaded(loaded)
         return cls(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 
     # ---- requests --------------------------------------------------------------------------
