@@ -1,9 +1,10 @@
 """The reference side of the benchmarks: Hugging Face transformers on the same model file.
 
 transformers dequantizes a GGUF to float32 torch tensors (``from_pretrained(dir,
-gguf_file=name)``), the same float32 weights our loader produces, so both engines run the same
-arithmetic. Prompts are our token ids (the tokenizers agree id for id, see
-tests/model/test_tokenizer.py). Nothing is fetched: ``HF_HUB_OFFLINE=1``.
+gguf_file=name)``), the float32 weights our loader produces too (our decode-size projections
+run on the same GGUF blocks, unexpanded; same logits to 1e-4). Prompts are our token ids
+(the tokenizers agree id for id, see tests/model/test_tokenizer.py). Nothing is fetched:
+``HF_HUB_OFFLINE=1``.
 """
 
 from __future__ import annotations

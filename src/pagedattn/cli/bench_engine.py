@@ -152,7 +152,9 @@ def bench_engine(
         "Method: elapsed = wall time from queuing every request to the last one finishing "
         "(ours: continuous batching, all queued at once; HF: sequential generate calls on "
         "batches in prompt order, left padded, min_new_tokens = max_new_tokens). Greedy, EOS "
-        "ignored, float32, same model file, same prompt ids. Peak RSS = each side's process. "
+        "ignored, same model file, same prompt ids; HF float32, ours LlamaModel.from_loaded "
+        "(decode-size projections on the GGUF's exact quantized blocks). Peak RSS = each "
+        "side's process. "
         "'shared': the first half of every prompt is a common prefix; cached tok = prompt "
         "tokens served from the prefix cache."
     )

@@ -97,6 +97,8 @@ def bench_generate(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
         "first token; decode = (N-1)/(last token - first token) of one greedy request, prefix "
         "caching off. HF: prefill = median time of one forward on the prompt (use_cache=True); "
-        "decode = (N-1)/(t(generate N) - t(generate 1)), min_new_tokens = max_new_tokens. Both "
-        "float32, same GGUF, same prompt ids. Peak RSS = each side's process, model load included."
+        "decode = (N-1)/(t(generate N) - t(generate 1)), min_new_tokens = max_new_tokens. "
+        "Same GGUF, same prompt ids; HF float32, ours LlamaModel.from_loaded (decode-size "
+        "projections on the GGUF's exact quantized blocks). Peak RSS = each side's process, "
+        "model load included."
     )
