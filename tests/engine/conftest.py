@@ -1,17 +1,13 @@
-"""Engine tests run the tiny model with one numba thread (the test machine has 2 shared cores;
-thread start-up dominates such small kernels). Results do not depend on the thread count."""
+"""Engine tests run the tiny model with one numba thread."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import numba
 import pytest
+from tests.fixtures import one_numba_thread
+
+__all__ = ["one_numba_thread"]
 
 
 @pytest.fixture(autouse=True)
-def _one_numba_thread() -> Iterator[None]:
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(previous)
+def _one_numba_thread(one_numba_thread: None) -> None:
+    """Every test here runs with one numba thread (see tests/fixtures.py)."""

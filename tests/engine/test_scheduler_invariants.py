@@ -17,7 +17,7 @@ MAX_TOKENS = 8
 
 @cache
 def _solo(prompt: tuple[int, ...], window: tuple[int, int] | None) -> list[int]:
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     if window is None:
         return solo(MODEL, list(prompt), params)
     return solo(MODEL, list(prompt), params, sliding_window=window[0], num_sink_tokens=window[1])

@@ -1,0 +1,30 @@
+"""Fixtures shared by several test folders; a folder's conftest imports the ones it uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numba
+import pytest
+
+from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama of tests/model written as a GGUF file (byte-level tokenizer,
+    ChatML template), loadable with ``--model``."""
+    config = tiny_config()
+    path = tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf"
+    return write_tiny_gguf(path, config, random_weights(config, seed=1))
+
+
+@pytest.fixture
+def one_numba_thread() -> Iterator[None]:
+    """Run with one numba thread: on the 2 shared cores, thread start-up dominates the tiny
+    model's kernels. Results do not depend on the thread count."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(previous)
