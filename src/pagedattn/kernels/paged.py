@@ -6,7 +6,8 @@ The KV cache of one layer is a pair of float32 arrays
 ``page_tables[s, j // page_size] * page_size + j % page_size`` (PagedAttention,
 Kwon et al. 2023, arXiv 2309.06180). Kernels read pages where they lie with an
 online softmax (FlashAttention-2, Dao 2023, arXiv 2307.08691); the inner loops are
-in :mod:`pagedattn.kernels.paged_numba`. Masks and softmax follow
+in :mod:`pagedattn.kernels.paged_numba` (decode) and
+:mod:`pagedattn.kernels.paged_prefill_numba` (prefill). Masks and softmax follow
 :mod:`pagedattn.kernels.reference` exactly.
 """
 
@@ -18,7 +19,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from pagedattn.kernels import paged_numba
+from pagedattn.kernels import paged_numba, paged_prefill_numba
 from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged_checks import (
     IntArray,
@@ -30,7 +31,7 @@ from pagedattn.kernels.paged_checks import (
 )
 
 F32Array = npt.NDArray[np.float32]
-PREFILL_BLOCK_ROWS = 16  # query rows sharing each page tile while it sits in L1
+PREFILL_BLOCK_ROWS = 32  # query rows sharing each page tile (x group = vector lanes)
 SPLIT_MIN_KEYS = 512  # a decode split (flash-decoding) covers at least this many keys
 
 
@@ -46,6 +47,17 @@ def decode_splits(num_items: int, max_context: int, sliding_window: int | None) 
         return 1
     keys = max_context if sliding_window is None else min(max_context, sliding_window)
     return max(1, min(-(-4 * threads // num_items), keys // SPLIT_MIN_KEYS))
+
+
+def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Order work items heaviest, lightest, 2nd heaviest, 2nd lightest, ...: under static
+    scheduling every contiguous range of items (one thread's share) gets a similar load."""
+    order = np.argsort(-work, kind="stable")
+    half = (order.size + 1) // 2
+    zigzag = np.empty_like(order)
+    zigzag[0::2] = order[:half]
+    zigzag[1::2] = order[half:][::-1]
+    return zigzag
 
 
 def write_kv(
@@ -243,9 +255,22 @@ def paged_attention_prefill(
     item_seq = np.repeat(np.arange(num_seqs, dtype=np.int32), blocks)
     first = np.cumsum(blocks) - blocks
     item_q1st = (np.arange(item_seq.size) - np.repeat(first, blocks)) * PREFILL_BLOCK_ROWS
+    # Keys each block reads (causal: later blocks read more), to balance the threads.
+    last_pos = (
+        ctx[item_seq]
+        - q_lens[item_seq]
+        + np.minimum(item_q1st + PREFILL_BLOCK_ROWS, q_lens[item_seq])
+    )
+    span = (
+        last_pos
+        if sliding_window is None
+        else np.minimum(last_pos, sliding_window + PREFILL_BLOCK_ROWS)
+    )
+    order = _balanced_order(span.astype(np.float64))
+    item_seq, item_q1st = item_seq[order], item_q1st[order]
     out = np.empty(q.shape, np.float32)
     lse = np.empty(q.shape[:2], np.float32)
-    paged_numba.prefill_kernel(
+    paged_prefill_numba.prefill_kernel(
         q,
         q_sink,
         k_cache,

@@ -1,4 +1,6 @@
-"""Numba inner loops of the paged attention kernels (no validation here: see ``paged.py``).
+"""Numba inner loops of paged decode attention (no validation here: see ``paged.py``).
+
+Prefill has its own lane-vectorised kernel in :mod:`pagedattn.kernels.paged_prefill_numba`.
 
 Each (sequence, kv head) work item walks the page table and reads every visible
 ``page_size x head_dim`` tile where it lies in the pool (PagedAttention, Kwon et al.
@@ -270,36 +272,3 @@ def decode_kernel(
         key_hi = min(ctx, rest_start + (split + 1) * chunk)
         _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale, window,
                num_sink, key_lo, key_hi, out[split], lse[split])  # fmt: skip
-
-
-@njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def prefill_kernel(
-    q: np.ndarray,
-    q_sink: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    page_tables: np.ndarray,
-    query_start_loc: np.ndarray,
-    context_lens: np.ndarray,
-    item_seq: np.ndarray,
-    item_q1st: np.ndarray,
-    block_rows: int,
-    scale: np.float32,
-    window: int,
-    num_sink: int,
-    out: np.ndarray,
-    lse: np.ndarray,
-) -> None:
-    """Parallel over (query block, kv head); block w covers rows item_q1st[w].. of item_seq[w]."""
-    num_kv_heads = k_cache.shape[1]
-    for item in prange(item_seq.shape[0] * num_kv_heads):
-        w = item // num_kv_heads
-        g = item % num_kv_heads
-        s = item_seq[w]
-        q1st = item_q1st[w]
-        q_len = query_start_loc[s + 1] - query_start_loc[s]
-        n_rows = min(block_rows, q_len - q1st)
-        row0 = query_start_loc[s] + q1st
-        ctx = context_lens[s]
-        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, row0, q1st, n_rows, ctx, q_len,
-               scale, window, num_sink, 0, ctx, out, lse)  # fmt: skip

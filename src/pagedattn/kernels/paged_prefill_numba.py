@@ -1,0 +1,320 @@
+"""Numba inner loops of paged prefill attention (no validation here: see ``paged.py``).
+
+One work item is (sequence, block of query rows, kv head). Its ``rows x group`` query
+heads form ``lanes`` (lane ``r * group + h``), stored transposed (``qT[d, lane]``) so that
+every inner loop is a broadcast-scalar FMA over contiguous lanes, with no horizontal
+reduction: scores ``st[j, :] += qT[d, :] * K[t, d]``, values ``accT[d, :] += st[j, :] *
+V[t, d]``. Pages are read where they lie in the pool, each K/V tile once per item
+(PagedAttention, Kwon et al. 2023, arXiv 2309.06180); a block of up to ``BLOCK_KEYS``
+keys shares one online-softmax update per lane (Milakov & Gimelshein 2018;
+FlashAttention-2, Dao 2023, arXiv 2307.08691). Only tiles crossing a row's visible range
+(diagonal, window edge, sinks) are masked; the rest take the unmasked path.
+
+Fast-math flags deliberately exclude ``nnan`` / ``ninf``: masked scores are ``-inf``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+_NEG_INF = np.float32(-np.inf)
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)  # ln 2 split so that k * _LN2_HI is exact
+_LN2_LO = np.float32(-2.12194440e-4)
+_C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
+_C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
+BLOCK_KEYS = 64  # keys per online-softmax update (whole pages; at least one page)
+LANE_MULTIPLE = 32  # lanes padded so the vectorised loops need no scalar remainder
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+def _exp_row(x: np.ndarray, shift: np.ndarray, bits: np.ndarray, fbits: np.ndarray) -> None:
+    """``x[l] = exp(x[l] - shift[l])``, exactly 0 below ``exp(-87)`` (so ``-inf`` -> 0).
+
+    Vectorisable (no libm call): ``exp(v) = 2^k * exp(r)``, ``k = round(v / ln 2)``, ``|r| <=
+    ln2 / 2``, ``exp(r)`` by its degree-7 Taylor polynomial (relative error < 1e-8) and ``2^k``
+    built in the float32 exponent bits (Cody & Waite range reduction, as in Cephes ``expf``).
+    """
+    for lane in range(x.shape[0]):
+        v = x[lane] - shift[lane]
+        c = max(v, np.float32(-87.0))
+        k = np.floor(c * _LOG2E + np.float32(0.5))
+        x[lane] = (c - k * _LN2_HI) - k * _LN2_LO
+        bits[lane] = ((np.int32(k) + np.int32(127)) << np.int32(23)) if v >= -87.0 else 0
+    for lane in range(x.shape[0]):
+        r = x[lane]
+        p = _C7 * r + _C6
+        p = p * r + _C5
+        p = p * r + _C4
+        p = p * r + _C3
+        p = p * r + _C2
+        p = p * r + np.float32(1.0)
+        p = p * r + np.float32(1.0)
+        x[lane] = p * fbits[lane]
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+def _score_page(
+    qT: np.ndarray, k_cache: np.ndarray, page: int, g: int, t0: int, n: int, st: np.ndarray, j0: int
+) -> None:
+    """``st[j0 + i, :] = qT^T K[page, g, t0 + i]`` for ``i < n``: FMAs over lanes, no reduction.
+
+    Four ``d`` of four keys per pass over the lanes: 8 vector loads per 16 FMAs.
+    """
+    head_dim, lanes = qT.shape
+    for i in range(n):
+        s = st[j0 + i]
+        for lane in range(lanes):
+            s[lane] = 0.0
+    for i in range(0, n - 3, 4):
+        t = t0 + i
+        s0, s1, s2, s3 = st[j0 + i], st[j0 + i + 1], st[j0 + i + 2], st[j0 + i + 3]
+        for d in range(0, head_dim - 3, 4):
+            q0, q1, q2, q3 = qT[d], qT[d + 1], qT[d + 2], qT[d + 3]
+            a0, a1 = k_cache[page, g, t, d], k_cache[page, g, t, d + 1]
+            a2, a3 = k_cache[page, g, t, d + 2], k_cache[page, g, t, d + 3]
+            b0, b1 = k_cache[page, g, t + 1, d], k_cache[page, g, t + 1, d + 1]
+            b2, b3 = k_cache[page, g, t + 1, d + 2], k_cache[page, g, t + 1, d + 3]
+            c0, c1 = k_cache[page, g, t + 2, d], k_cache[page, g, t + 2, d + 1]
+            c2, c3 = k_cache[page, g, t + 2, d + 2], k_cache[page, g, t + 2, d + 3]
+            e0, e1 = k_cache[page, g, t + 3, d], k_cache[page, g, t + 3, d + 1]
+            e2, e3 = k_cache[page, g, t + 3, d + 2], k_cache[page, g, t + 3, d + 3]
+            for lane in range(lanes):
+                x0, x1, x2, x3 = q0[lane], q1[lane], q2[lane], q3[lane]
+                s0[lane] += (x0 * a0 + x1 * a1) + (x2 * a2 + x3 * a3)
+                s1[lane] += (x0 * b0 + x1 * b1) + (x2 * b2 + x3 * b3)
+                s2[lane] += (x0 * c0 + x1 * c1) + (x2 * c2 + x3 * c3)
+                s3[lane] += (x0 * e0 + x1 * e1) + (x2 * e2 + x3 * e3)
+    for i in range(n):  # the remainder: keys past the last four, dims past the last four
+        t = t0 + i
+        s = st[j0 + i]
+        for d in range(0 if i >= n - n % 4 else head_dim - head_dim % 4, head_dim):
+            kd = k_cache[page, g, t, d]
+            qd = qT[d]
+            for lane in range(lanes):
+                s[lane] += qd[lane] * kd
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+def _value_page(
+    st: np.ndarray,
+    v_cache: np.ndarray,
+    page: int,
+    g: int,
+    t0: int,
+    n: int,
+    j0: int,
+    acc: np.ndarray,
+) -> None:
+    """``acc[d, :] += st[j0 + i, :] * V[page, g, t0 + i, d]`` for ``i < n``, eight keys a pass."""
+    head_dim, lanes = acc.shape
+    for i in range(0, n - 7, 8):
+        t = t0 + i
+        s0, s1, s2, s3 = st[j0 + i], st[j0 + i + 1], st[j0 + i + 2], st[j0 + i + 3]
+        s4, s5, s6, s7 = st[j0 + i + 4], st[j0 + i + 5], st[j0 + i + 6], st[j0 + i + 7]
+        for d in range(head_dim):
+            v0, v1 = v_cache[page, g, t, d], v_cache[page, g, t + 1, d]
+            v2, v3 = v_cache[page, g, t + 2, d], v_cache[page, g, t + 3, d]
+            v4, v5 = v_cache[page, g, t + 4, d], v_cache[page, g, t + 5, d]
+            v6, v7 = v_cache[page, g, t + 6, d], v_cache[page, g, t + 7, d]
+            a = acc[d]
+            for lane in range(lanes):
+                a[lane] += ((s0[lane] * v0 + s1[lane] * v1) + (s2[lane] * v2 + s3[lane] * v3)) + (
+                    (s4[lane] * v4 + s5[lane] * v5) + (s6[lane] * v6 + s7[lane] * v7)
+                )
+    for i in range(n - n % 8, n):
+        s = st[j0 + i]
+        for d in range(head_dim):
+            vd = v_cache[page, g, t0 + i, d]
+            a = acc[d]
+            for lane in range(lanes):
+                a[lane] += s[lane] * vd
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+def _sweep(
+    qT: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    table_row: np.ndarray,
+    g: int,
+    start: int,
+    end: int,
+    full_lo: int,
+    full_hi: int,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    acc: np.ndarray,
+    m: np.ndarray,
+    lsum: np.ndarray,
+) -> None:
+    """Fold keys ``[start, end)`` into every lane's state; lane ``l`` sees keys ``[lo, hi)``.
+
+    Keys in ``[full_lo, full_hi)`` are visible to every lane (no mask). Absent pages (table
+    entry -1) are skipped unread. ``scratch``: st (block keys, lanes), shift, alpha (lanes),
+    bits (int32, lanes) and its float32 view.
+    """
+    st, shift, alpha, bits, fbits = scratch
+    lanes = qT.shape[1]
+    head_dim = acc.shape[0]
+    page_size = k_cache.shape[2]
+    block_pages = st.shape[0] // page_size
+    last_page = (end - 1) // page_size
+    for first in range(start // page_size, last_page + 1, block_pages):
+        stop = min(first + block_pages, last_page + 1)
+        nj = 0
+        for pi in range(first, stop):
+            page = table_row[pi]
+            if page < 0:  # absent page (evicted by the cache): its keys are not visible
+                continue
+            base = pi * page_size
+            t0 = max(start - base, 0)
+            n = min(end - base, page_size) - t0
+            _score_page(qT, k_cache, page, g, t0, n, st, nj)
+            if base + t0 < full_lo or base + t0 + n > full_hi:
+                for i in range(n):
+                    key = base + t0 + i
+                    for lane in range(lanes):
+                        if key < lo[lane] or key >= hi[lane]:
+                            st[nj + i, lane] = _NEG_INF
+            nj += n
+        if nj == 0:
+            continue
+        # Online softmax: new max, rescale by exp(m_old - m_new), p = exp(s - m_new).
+        for lane in range(lanes):
+            shift[lane] = m[lane]
+        for j in range(nj):
+            for lane in range(lanes):
+                shift[lane] = max(shift[lane], st[j, lane])
+        for lane in range(lanes):
+            alpha[lane] = m[lane]
+            m[lane] = shift[lane]
+            if shift[lane] == _NEG_INF:  # nothing seen yet: keep every weight exactly 0
+                shift[lane] = 0.0
+        _exp_row(alpha, shift, bits, fbits)
+        for lane in range(lanes):
+            lsum[lane] *= alpha[lane]
+        for d in range(head_dim):
+            for lane in range(lanes):
+                acc[d, lane] *= alpha[lane]
+        for j in range(nj):
+            _exp_row(st[j], shift, bits, fbits)
+            for lane in range(lanes):
+                lsum[lane] += st[j, lane]
+        nj = 0
+        for pi in range(first, stop):
+            page = table_row[pi]
+            if page < 0:
+                continue
+            base = pi * page_size
+            t0 = max(start - base, 0)
+            n = min(end - base, page_size) - t0
+            _value_page(st, v_cache, page, g, t0, n, nj, acc)
+            nj += n
+
+
+@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+def _load_queries(
+    q: np.ndarray, row0: int, n_rows: int, g: int, group: int, scale: np.float32, qT: np.ndarray
+) -> None:
+    """``qT[d, r * group + h] = q[row0 + r, g * group + h, d] * scale``; padded lanes 0."""
+    head_dim = qT.shape[0]
+    qT[:, :] = 0.0
+    for r in range(n_rows):
+        for h in range(group):
+            for d in range(head_dim):
+                qT[d, r * group + h] = q[row0 + r, g * group + h, d] * scale
+
+
+@njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
+def prefill_kernel(
+    q: np.ndarray,
+    q_sink: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    page_tables: np.ndarray,
+    query_start_loc: np.ndarray,
+    context_lens: np.ndarray,
+    item_seq: np.ndarray,
+    item_q1st: np.ndarray,
+    block_rows: int,
+    scale: np.float32,
+    window: int,
+    num_sink: int,
+    out: np.ndarray,
+    lse: np.ndarray,
+) -> None:
+    """Parallel over (query block, kv head); block w covers rows item_q1st[w].. of item_seq[w].
+
+    window <= 0: none. out: (num_tokens, num_heads, head_dim), lse: (num_tokens, num_heads).
+    """
+    num_kv_heads, page_size = k_cache.shape[1], k_cache.shape[2]
+    head_dim = q.shape[2]
+    group = q.shape[1] // num_kv_heads
+    lanes = -(-block_rows * group // LANE_MULTIPLE) * LANE_MULTIPLE
+    block_keys = max(1, BLOCK_KEYS // page_size) * page_size
+    for item in prange(item_seq.shape[0] * num_kv_heads):
+        w = item // num_kv_heads
+        g = item % num_kv_heads
+        s = item_seq[w]
+        q1st = item_q1st[w]
+        q_len = query_start_loc[s + 1] - query_start_loc[s]
+        n_rows = min(block_rows, q_len - q1st)
+        row0 = query_start_loc[s] + q1st
+        ctx = context_lens[s]
+        table_row = page_tables[s]
+        qT = np.empty((head_dim, lanes), np.float32)
+        acc = np.zeros((head_dim, lanes), np.float32)
+        m = np.full(lanes, _NEG_INF, np.float32)
+        lsum = np.zeros(lanes, np.float32)
+        lo = np.zeros(lanes, np.int64)
+        hi = np.zeros(lanes, np.int64)
+        bits = np.empty(lanes, np.int32)
+        scratch = (
+            np.empty((block_keys, lanes), np.float32),
+            np.empty(lanes, np.float32),
+            np.empty(lanes, np.float32),
+            bits,
+            bits.view(np.float32),
+        )
+        p0 = ctx - q_len + q1st  # position of the block's first row
+        p_last = p0 + n_rows - 1
+        sink_end = min(num_sink, p_last + 1)
+        if sink_end > 0:  # keys [0, sink_end): the attention sinks, scored with q_sink
+            _load_queries(q_sink, row0, n_rows, g, group, scale, qT)
+            for r in range(n_rows):
+                for h in range(group):
+                    hi[r * group + h] = min(sink_end, p0 + r + 1)
+            full = min(sink_end, p0 + 1)  # sinks every row of the block sees
+            _sweep(qT, lo, hi, k_cache, v_cache, table_row, g, 0, sink_end, 0, full,
+                   scratch, acc, m, lsum)  # fmt: skip
+        # Keys [lo, p] of each row: the causal window, scored with q.
+        _load_queries(q, row0, n_rows, g, group, scale, qT)
+        for r in range(n_rows):
+            p = p0 + r
+            first_key = sink_end if window <= 0 else max(sink_end, p - window + 1)
+            for h in range(group):
+                lo[r * group + h] = first_key
+                hi[r * group + h] = p + 1
+        start = lo[0]
+        full_lo = lo[(n_rows - 1) * group]
+        if start <= p_last:
+            _sweep(qT, lo, hi, k_cache, v_cache, table_row, g, start, p_last + 1, full_lo, p0 + 1,
+                   scratch, acc, m, lsum)  # fmt: skip
+        for r in range(n_rows):
+            for h in range(group):
+                lane = r * group + h
+                head = g * group + h
+                total = lsum[lane]
+                if total > 0:
+                    inv = np.float32(1.0) / total
+                    for d in range(head_dim):
+                        out[row0 + r, head, d] = acc[d, lane] * inv
+                    lse[row0 + r, head] = m[lane] + np.log(total)
+                else:
+                    for d in range(head_dim):
+                        out[row0 + r, head, d] = 0.0
+                    lse[row0 + r, head] = _NEG_INF
