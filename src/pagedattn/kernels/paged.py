@@ -6,7 +6,7 @@ The KV cache of one layer is a pair of float32 arrays
 ``page_tables[s, j // page_size] * page_size + j % page_size`` (PagedAttention,
 Kwon et al. 2023, arXiv 2309.06180). Kernels read pages where they lie with an
 online softmax (FlashAttention-2, Dao 2023, arXiv 2307.08691); the inner loops are
-in :mod:`pagedattn.kernels.paged_numba` (decode) and
+in :mod:`pagedattn.kernels.paged_decode_numba` (decode) and
 :mod:`pagedattn.kernels.paged_prefill_numba` (prefill). Masks and softmax follow
 :mod:`pagedattn.kernels.reference` exactly.
 """
@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from pagedattn.kernels import paged_numba, paged_prefill_numba
+from pagedattn.kernels import paged_decode_numba, paged_prefill_numba
 from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged_checks import (
     IntArray,
@@ -182,7 +182,7 @@ def paged_attention_decode(
     splits = decode_splits(num_seqs * k_cache.shape[1], int(ctx.max(initial=0)), sliding_window)
     outs = np.empty((splits, *q.shape), np.float32)
     lses = np.empty((splits, *q.shape[:2]), np.float32)
-    paged_numba.decode_kernel(
+    paged_decode_numba.decode_kernel(
         q, q_sink, k_cache, v_cache, tables, ctx, scale32, window, num_sink_tokens, outs, lses
     )
     out, lse = outs[0], lses[0]
