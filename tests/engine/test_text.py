@@ -102,6 +102,14 @@ def test_llm_generate_returns_results_in_input_order(tiny: tuple) -> None:
         llm.generate(prompts, params[:2], use_tqdm=False)
 
 
+def test_llm_generate_progress_never_writes_to_stdout(
+    tiny: tuple, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    LLM(engine=_engine(tiny)).generate(["the", "on"], params)  # progress bar on (the default)
+    assert capsys.readouterr().out == ""
+
+
 def test_engine_config_rejects_unknown_options() -> None:
     with pytest.raises(ValueError, match="unknown engine option"):
         engine_config(page_sise=4)

@@ -106,3 +106,19 @@ def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
             proc.kill()
             proc.wait(5)
     assert proc.returncode is not None
+
+
+def test_serve_without_the_server_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from pagedattn.cli import _register
+    from pagedattn.cli.app import app
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ModuleNotFoundError
+    _register()
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 2
+    assert "serve needs the server extra (uvicorn is missing)" in result.output
+    assert "pip install 'pagedattn[model,server]'" in result.output

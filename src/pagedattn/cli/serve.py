@@ -49,10 +49,17 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics."""
-    import uvicorn
+    try:
+        import uvicorn
 
-    from pagedattn.server.app import build_app
-
+        from pagedattn.server.app import build_app
+    except ImportError as exc:
+        typer.echo(
+            f"error: serve needs the server extra ({exc.name} is missing): "
+            "pip install 'pagedattn[model,server]'",
+            err=True,
+        )
+        raise typer.Exit(code=2) from exc
     try:
         server_app = build_app(
             model,

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.progress import Progress
 
 from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -105,7 +106,10 @@ class LLM:
             order.append(rid)
             stored = prompt if isinstance(prompt, str) else list(prompt)
             results[rid] = CompletionOutput(request_id=rid, prompt=stored, prompt_token_ids=ids)
-        with Progress(disable=not use_tqdm, transient=True) as progress:
+        # The bar goes to stderr and only to a terminal: stdout stays the caller's.
+        console = Console(stderr=True)
+        show = use_tqdm and console.is_terminal
+        with Progress(console=console, disable=not show, transient=True) as progress:
             task = progress.add_task("generating", total=len(order))
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
