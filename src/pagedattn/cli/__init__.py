@@ -1,4 +1,4 @@
-"""`pagedattn` command line: demo | generate | chat | bench.
+"""`pagedattn` command line: demo | generate | chat | serve | bench {kernels, generate, engine}.
 
 Each subcommand lives in its own module and imports heavy dependencies lazily,
 so `pagedattn --help` stays fast.
@@ -16,12 +16,13 @@ def main() -> None:
 
 
 def _register() -> None:
-    # Importing a module registers its commands on `app` / `bench_app`.
-    import importlib
-    import pkgutil
-
-    import pagedattn.cli as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name != "app":
-            importlib.import_module(f"pagedattn.cli.{info.name}")
+    """Import every command module; importing one registers its commands on ``app``."""
+    from pagedattn.cli import (  # noqa: F401
+        bench_engine,
+        bench_generate,
+        bench_kernels,
+        chat,
+        demo,
+        generate,
+        serve,
+    )
