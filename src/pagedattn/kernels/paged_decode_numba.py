@@ -18,17 +18,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-_FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
-_NEG_INF = np.float32(-np.inf)
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693359375)  # ln 2 split so that k * _LN2_HI is exact
-_LN2_LO = np.float32(-2.12194440e-4)
-_C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
-_C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
-BLOCK_KEYS = 64  # keys per online-softmax update (whole pages; at least one page)
+from pagedattn.kernels.numba_consts import (
+    BLOCK_KEYS,
+    C2,
+    C3,
+    C4,
+    C5,
+    C6,
+    C7,
+    FASTMATH,
+    LN2_HI,
+    LN2_LO,
+    LOG2E,
+    NEG_INF,
+)
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _exp_shifted(
     x: np.ndarray, bits: np.ndarray, fbits: np.ndarray, h: int, j0: int, j1: int, shift: np.float32
 ) -> np.float32:
@@ -44,17 +50,17 @@ def _exp_shifted(
     xr, br, fr = x[h, j0:j1], bits[h, j0:j1], fbits[h, j0:j1]
     for j in range(j1 - j0):
         v = max(xr[j] - shift, np.float32(-87.0))
-        k = np.floor(v * _LOG2E + np.float32(0.5))
-        xr[j] = (v - k * _LN2_HI) - k * _LN2_LO
+        k = np.floor(v * LOG2E + np.float32(0.5))
+        xr[j] = (v - k * LN2_HI) - k * LN2_LO
         br[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
     total = np.float32(0.0)
     for j in range(j1 - j0):
         r = xr[j]
-        p = _C7 * r + _C6
-        p = p * r + _C5
-        p = p * r + _C4
-        p = p * r + _C3
-        p = p * r + _C2
+        p = C7 * r + C6
+        p = p * r + C5
+        p = p * r + C4
+        p = p * r + C3
+        p = p * r + C2
         p = p * r + np.float32(1.0)
         p = p * r + np.float32(1.0)
         e = p * fr[j]
@@ -63,7 +69,7 @@ def _exp_shifted(
     return total
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _attend(
     qv: np.ndarray,
     row_lo: np.ndarray,
@@ -108,7 +114,7 @@ def _attend(
                     j = base + t - key0
                     if page < 0:  # absent page (evicted by the cache): its keys are not visible
                         for h in range(group):
-                            scores[h, j] = _NEG_INF
+                            scores[h, j] = NEG_INF
                         continue
                     for h in range(group):  # K row t stays in L1 for every head of the group
                         s = np.float32(0.0)
@@ -116,17 +122,17 @@ def _attend(
                             s += qv[r, h, d] * k_cache[page, g, t, d]
                         scores[h, j] = s
             for h in range(group):
-                block_max = _NEG_INF
+                block_max = NEG_INF
                 for j in range(k0 - key0, k1 - key0):
                     block_max = max(block_max, scores[h, j])
-                if block_max == _NEG_INF:  # every key of this block sits on an absent page
+                if block_max == NEG_INF:  # every key of this block sits on an absent page
                     for j in range(k0 - key0, k1 - key0):
                         scores[h, j] = 0.0
                     continue
                 m_old = m[r, h]
                 total = lsum[r, h]
                 if block_max > m_old:  # rescale only when the running max grows
-                    alpha = np.float32(0.0) if m_old == _NEG_INF else np.exp(m_old - block_max)
+                    alpha = np.float32(0.0) if m_old == NEG_INF else np.exp(m_old - block_max)
                     total *= alpha
                     for d in range(head_dim):
                         acc[r, h, d] *= alpha
@@ -146,7 +152,7 @@ def _attend(
                             acc[r, h, d] += e * v_cache[page, g, t, d]
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _finish(
     acc: np.ndarray,
     m: np.ndarray,
@@ -170,10 +176,10 @@ def _finish(
             else:
                 for d in range(head_dim):
                     out[row0 + r, head, d] = 0.0
-                lse[row0 + r, head] = _NEG_INF
+                lse[row0 + r, head] = NEG_INF
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True)
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _block(
     q: np.ndarray,
     q_sink: np.ndarray,
@@ -199,7 +205,7 @@ def _block(
     head_dim = q.shape[2]
     group = q.shape[1] // k_cache.shape[1]
     acc = np.zeros((n_rows, group, head_dim), np.float32)
-    m = np.full((n_rows, group), _NEG_INF, np.float32)
+    m = np.full((n_rows, group), NEG_INF, np.float32)
     lsum = np.zeros((n_rows, group), np.float32)
     page_size = k_cache.shape[2]
     scores = np.empty((group, max(1, BLOCK_KEYS // page_size) * page_size), np.float32)
@@ -237,7 +243,7 @@ def _block(
     _finish(acc, m, lsum, out, lse, row0, g)
 
 
-@njit(parallel=True, fastmath=_FASTMATH, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def decode_kernel(
     q: np.ndarray,
     q_sink: np.ndarray,

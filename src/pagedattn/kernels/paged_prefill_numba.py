@@ -18,18 +18,25 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-_FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
-_NEG_INF = np.float32(-np.inf)
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693359375)  # ln 2 split so that k * _LN2_HI is exact
-_LN2_LO = np.float32(-2.12194440e-4)
-_C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
-_C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
-BLOCK_KEYS = 64  # keys per online-softmax update (whole pages; at least one page)
+from pagedattn.kernels.numba_consts import (
+    BLOCK_KEYS,
+    C2,
+    C3,
+    C4,
+    C5,
+    C6,
+    C7,
+    FASTMATH,
+    LN2_HI,
+    LN2_LO,
+    LOG2E,
+    NEG_INF,
+)
+
 LANE_MULTIPLE = 32  # lanes padded so the vectorised loops need no scalar remainder
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+@njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def _exp_row(x: np.ndarray, shift: np.ndarray, bits: np.ndarray, fbits: np.ndarray) -> None:
     """``x[l] = exp(x[l] - shift[l])``, exactly 0 below ``exp(-87)`` (so ``-inf`` -> 0).
 
@@ -40,22 +47,22 @@ def _exp_row(x: np.ndarray, shift: np.ndarray, bits: np.ndarray, fbits: np.ndarr
     for lane in range(x.shape[0]):
         v = x[lane] - shift[lane]
         c = max(v, np.float32(-87.0))
-        k = np.floor(c * _LOG2E + np.float32(0.5))
-        x[lane] = (c - k * _LN2_HI) - k * _LN2_LO
+        k = np.floor(c * LOG2E + np.float32(0.5))
+        x[lane] = (c - k * LN2_HI) - k * LN2_LO
         bits[lane] = ((np.int32(k) + np.int32(127)) << np.int32(23)) if v >= -87.0 else 0
     for lane in range(x.shape[0]):
         r = x[lane]
-        p = _C7 * r + _C6
-        p = p * r + _C5
-        p = p * r + _C4
-        p = p * r + _C3
-        p = p * r + _C2
+        p = C7 * r + C6
+        p = p * r + C5
+        p = p * r + C4
+        p = p * r + C3
+        p = p * r + C2
         p = p * r + np.float32(1.0)
         p = p * r + np.float32(1.0)
         x[lane] = p * fbits[lane]
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+@njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def _score_page(
     qT: np.ndarray, k_cache: np.ndarray, page: int, g: int, t0: int, n: int, st: np.ndarray, j0: int
 ) -> None:
@@ -97,7 +104,7 @@ def _score_page(
                 s[lane] += qd[lane] * kd
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+@njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def _value_page(
     st: np.ndarray,
     v_cache: np.ndarray,
@@ -133,7 +140,7 @@ def _value_page(
                 a[lane] += s[lane] * vd
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+@njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def _sweep(
     qT: np.ndarray,
     lo: np.ndarray,
@@ -179,7 +186,7 @@ def _sweep(
                     key = base + t0 + i
                     for lane in range(lanes):
                         if key < lo[lane] or key >= hi[lane]:
-                            st[nj + i, lane] = _NEG_INF
+                            st[nj + i, lane] = NEG_INF
             nj += n
         if nj == 0:
             continue
@@ -192,7 +199,7 @@ def _sweep(
         for lane in range(lanes):
             alpha[lane] = m[lane]
             m[lane] = shift[lane]
-            if shift[lane] == _NEG_INF:  # nothing seen yet: keep every weight exactly 0
+            if shift[lane] == NEG_INF:  # nothing seen yet: keep every weight exactly 0
                 shift[lane] = 0.0
         _exp_row(alpha, shift, bits, fbits)
         for lane in range(lanes):
@@ -216,7 +223,7 @@ def _sweep(
             nj += n
 
 
-@njit(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False)
+@njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def _load_queries(
     q: np.ndarray, row0: int, n_rows: int, g: int, group: int, scale: np.float32, qT: np.ndarray
 ) -> None:
@@ -229,7 +236,7 @@ def _load_queries(
                 qT[d, r * group + h] = q[row0 + r, g * group + h, d] * scale
 
 
-@njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
+@njit(parallel=True, fastmath=FASTMATH, cache=True, boundscheck=False)
 def prefill_kernel(
     q: np.ndarray,
     q_sink: np.ndarray,
@@ -268,7 +275,7 @@ def prefill_kernel(
         table_row = page_tables[s]
         qT = np.empty((head_dim, lanes), np.float32)
         acc = np.zeros((head_dim, lanes), np.float32)
-        m = np.full(lanes, _NEG_INF, np.float32)
+        m = np.full(lanes, NEG_INF, np.float32)
         lsum = np.zeros(lanes, np.float32)
         lo = np.zeros(lanes, np.int64)
         hi = np.zeros(lanes, np.int64)
@@ -317,4 +324,4 @@ def prefill_kernel(
                 else:
                     for d in range(head_dim):
                         out[row0 + r, head, d] = 0.0
-                    lse[row0 + r, head] = _NEG_INF
+                    lse[row0 + r, head] = NEG_INF
