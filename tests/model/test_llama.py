@@ -14,7 +14,7 @@ from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import LoadedModel, load_model
 from tests.model.conftest import hf_greedy, hf_logits
 from tests.model.paging import PagedSequences, greedy
-from tests.model.tiny import tiny_config
+from tests.model.tiny import random_hf_llama
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
@@ -22,25 +22,9 @@ CHAT = [{"role": "user", "content": "What is the capital of France? Answer in on
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory: pytest.TempPathFactory, tiny_loaded: LoadedModel) -> tuple[Any, Path]:
     """A tiny random HF LlamaForCausalLM saved with safetensors, plus its folder."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    c = tiny_config()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=True,
-        max_position_embeddings=c.max_position_embeddings,
-        initializer_range=0.3,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model: Any = random_hf_llama(tie_word_embeddings=True, initializer_range=0.3)
     folder = tmp_path_factory.mktemp("tiny_hf")
     model.save_pretrained(folder, safe_serialization=True)
     tiny_loaded.tokenizer.backend.save(str(folder / "tokenizer.json"))

@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from gguf.quants import dequantize, quantize
 
 from pagedattn.model import registry
 from pagedattn.model.loader import load_model
-from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
+from tests.model.tiny import random_hf_llama, random_weights, tiny_config, write_tiny_gguf
 
 
 def test_gguf_float32_round_trip_undoes_qk_permutation(tiny_gguf: Path) -> None:
@@ -123,24 +124,9 @@ def test_embedded_model_is_found_without_importing_its_package() -> None:
 
 def _hf_folder(tmp_path: Path, **config_overrides: object) -> Path:
     """A tiny random HF Llama folder saved by transformers (safetensors)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    c = tiny_config()
-    torch.manual_seed(0)
-    hf_config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=False,
-        max_position_embeddings=c.max_position_embeddings,
-        initializer_range=0.2,
-    )
-    model = transformers.LlamaForCausalLM(hf_config)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model: Any = random_hf_llama(tie_word_embeddings=False, initializer_range=0.2)
     folder = tmp_path / "hf"
     model.save_pretrained(folder, safe_serialization=True)
     raw = json.loads((folder / "config.json").read_text())

@@ -163,3 +163,30 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def random_hf_llama(*, tie_word_embeddings: bool, initializer_range: float) -> object:
+    """A random transformers ``LlamaForCausalLM`` with :func:`tiny_config`'s shape (seed 0).
+
+    Needs torch and transformers (test extra); callers skip when they are missing.
+    """
+    import torch
+    import transformers
+
+    c = tiny_config()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=c.max_position_embeddings,
+        initializer_range=initializer_range,
+    )
+    return transformers.LlamaForCausalLM(config).eval()

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import ServerFactory
+from tests.server.conftest import ServerFactory, serve_subprocess
 
 KEY = "sk-test-123"
 
@@ -45,48 +42,10 @@ def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -
         assert httpx.get(f"{srv.url}/metrics", headers=srv.headers).status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-c",
-        "from pagedattn.cli import main; main()",
-        "serve",
-        "--model",
-        str(tiny_model_dir),
-        "--served-model-name",
-        "tiny",
-        "--port",
-        str(port),
-        "--page-size",
-        "8",
-        "--num-pages",
-        "32",
-        "--max-model-len",
-        "64",
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "PAGEDATTN_API_KEY": KEY}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+    args = ["--model", str(tiny_model_dir), "--served-model-name", "tiny", "--page-size", "8"]
+    args += ["--num-pages", "32", "--max-model-len", "64", "--log-level", "warning"]
+    with serve_subprocess(args, env={**os.environ, "PAGEDATTN_API_KEY": KEY}) as url:
         headers = {"Authorization": f"Bearer {KEY}"}
         models: Any = httpx.get(f"{url}/v1/models", headers=headers).json()
         assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [("tiny", 64)]
@@ -98,14 +57,6 @@ def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
         assert httpx.post(f"{url}/v1/completions", json=body).status_code == 401
         metrics = httpx.get(f"{url}/metrics", headers=headers).text
         assert 'pagedattn:num_pages{model_name="tiny"} 32.0' in metrics
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    assert proc.returncode is not None
 
 
 def test_serve_without_the_server_extra_says_what_to_install(

@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
-import httpx
 import pytest
 
-from tests.server.test_auth_and_cli import _free_port
+from tests.server.conftest import serve_subprocess
 
 
 @pytest.mark.model
 def test_smollm2_chat_names_paris() -> None:
     import openai
 
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from pagedattn.cli import main; main()", "serve"]
-    cmd += ["--port", str(port), "--kv-cache-mib", "64", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.5)
+    args = ["--kv-cache-mib", "64", "--log-level", "warning"]
+    with serve_subprocess(args, timeout=120) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
         messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -53,10 +34,3 @@ def test_smollm2_chat_names_paris() -> None:
         assert text == out.choices[0].message.content
         # the repeated conversation reused its prefix pages
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
