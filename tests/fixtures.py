@@ -14,7 +14,8 @@ from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random Llama of tests/model written as a GGUF file (byte-level tokenizer,
-    ChatML template), loadable with ``--model``."""
+    ChatML template), loadable with ``--model``. Seed 1, not tests/model's seed 0: its greedy
+    output decodes to printable text over several deltas, which the streaming tests need."""
     config = tiny_config()
     path = tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf"
     return write_tiny_gguf(path, config, random_weights(config, seed=1))
