@@ -5,8 +5,14 @@ The field names and meanings follow vLLM's ``SamplingParams`` and the OpenAI com
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+# vLLM's (legacy) logits processor: (generated token ids so far, (vocab,) float32 logits of the
+# next token) -> the logits to sample from. It may modify and return the given array.
+LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (finish reason ``"stop"``); the id is
             reported in the token ids, its text is not added to the output text.
         ignore_eos: keep generating past the tokenizer's end-of-sequence token(s).
+        logits_processors: callables applied in order to each next-token logits row before
+            sampling (see ``LogitsProcessor``); structured output uses them to mask tokens.
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
@@ -44,11 +52,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logits_processors: tuple[LogitsProcessor, ...] = ()
 
     def __post_init__(self) -> None:
         stop: str | Iterable[str] = self.stop
         object.__setattr__(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0.0:
             raise ValueError(f"temperature: expected a float >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
@@ -65,6 +75,10 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids: expected ints >= 0, got {t!r}")
+
+        for proc in self.logits_processors:
+            if not callable(proc):
+                raise ValueError(f"logits_processors: expected callables, got {proc!r}")
 
     @property
     def greedy(self) -> bool:

@@ -34,7 +34,7 @@ def _fresh_answer(model: str, ids: list[int], params: SamplingParams) -> tuple[s
     """The greedy answer of a new engine (empty prefix cache) on exactly these prompt ids."""
     out = LLM(model, page_size=4).generate([ids], params, use_tqdm=False)[0]
     assert out.num_cached_tokens == 0
-    return out.text, out.token_ids
+    return out.outputs[0].text, out.outputs[0].token_ids
 
 
 def test_second_turn_reuses_history_pages_and_equals_a_fresh_run(tiny_gguf: Path) -> None:
@@ -77,7 +77,7 @@ def test_reset_starts_a_new_conversation_and_exit_ends(tiny_gguf: Path) -> None:
 def test_end_of_input_ends_the_chat_and_system_message_is_used(tiny_gguf: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=5)
     conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    expected = LLM(str(tiny_gguf)).chat(conv, params, use_tqdm=False)[0].text
+    expected = LLM(str(tiny_gguf)).chat(conv, params, use_tqdm=False)[0].outputs[0].text
     answers, _, _ = _chat(["hi"], "-m", str(tiny_gguf), "--max-tokens", "5", "--system", "be brief")
     assert answers == [expected]
 
@@ -105,9 +105,11 @@ def test_real_model_two_turns_reuse_the_conversation() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     conv = Conversation(llm.engine.tokenizer)
     ids1, text1 = conv.prompt_for("My name is Ada. Say hello to me.")
-    first = llm.generate([ids1], params, use_tqdm=False)[0]
+    first_out = llm.generate([ids1], params, use_tqdm=False)[0]
+    first = first_out.outputs[0]
     conv.record("My name is Ada. Say hello to me.", ids1, text1, first.token_ids, first.text)
     ids2, _ = conv.prompt_for("What is my name?")
-    fresh = llm.generate([ids2], params, use_tqdm=False)[0]
-    assert fresh.num_cached_tokens == 0 and len(ids2) == len2
+    fresh_out = llm.generate([ids2], params, use_tqdm=False)[0]
+    fresh = fresh_out.outputs[0]
+    assert fresh_out.num_cached_tokens == 0 and len(ids2) == len2
     assert [first.text, fresh.text] == answers

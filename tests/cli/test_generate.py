@@ -30,14 +30,14 @@ def test_greedy_chat_output_equals_llm_chat(tiny_gguf: Path) -> None:
     expected = LLM(str(tiny_gguf)).chat(
         [{"role": "user", "content": "the cat"}], params, use_tqdm=False
     )[0]
-    assert out == expected.text + "\n"
+    assert out == expected.outputs[0].text + "\n"
     assert err == ""
 
 
 def test_raw_system_and_sampling_options_match_llm_generate(tiny_gguf: Path) -> None:
     llm = LLM(str(tiny_gguf))
     params = SamplingParams(temperature=0.9, top_p=0.8, top_k=20, seed=7, max_tokens=10)
-    raw = llm.generate("the rain in", params, use_tqdm=False)[0].text
+    raw = llm.generate("the rain in", params, use_tqdm=False)[0].outputs[0].text
     code, out, err = _generate(
         "the rain in", "--raw", "-m", str(tiny_gguf), "--max-tokens", "10",
         "--temperature", "0.9", "--top-p", "0.8", "--top-k", "20", "--seed", "7",
@@ -45,7 +45,7 @@ def test_raw_system_and_sampling_options_match_llm_generate(tiny_gguf: Path) -> 
     assert (code, out) == (0, raw + "\n"), err
     conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
-    chat = llm.chat(conv, greedy, use_tqdm=False)[0].text
+    chat = llm.chat(conv, greedy, use_tqdm=False)[0].outputs[0].text
     code, out, err = _generate(
         "hello", "--system", "be brief", "-m", str(tiny_gguf), "--max-tokens", "10"
     )
@@ -126,7 +126,7 @@ def test_text_is_written_delta_by_delta(tiny_gguf: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
     ids = llm.engine.encode("the cat sat on the mat " * 4)
     assert len(ids) > 17
-    expected = llm.generate([ids], params, use_tqdm=False)[0]
+    expected = llm.generate([ids], params, use_tqdm=False)[0].outputs[0]
     chunks: list[str] = []
     result = stream_request(llm.engine, ids, params, chunks.append)
     assert result.token_ids == expected.token_ids
@@ -146,7 +146,7 @@ def test_sliding_window_and_sinks_bound_the_pages(tiny_gguf: Path) -> None:
     )
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     expected = llm.chat([{"role": "user", "content": "the cat"}], params, use_tqdm=False)[0]
-    assert out == expected.text + "\n"
+    assert out == expected.outputs[0].text + "\n"
     prompt_len = len(expected.prompt_token_ids)
     # The prompt is prefilled in one step (all its pages at once); afterwards the window keeps
     # the sink page plus at most 3 window pages and the page being written.

@@ -10,10 +10,10 @@ import numpy as np
 from tests.model.tiny import random_weights, tiny_config
 
 from pagedattn.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pagedattn.engine.forward_batch import ForwardBatch
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.kernels.reference import reference_attention
+from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.llama import LlamaModel
 from pagedattn.sampling_params import SamplingParams
 
@@ -52,7 +52,7 @@ def drain(
 
 
 def tokens(outs: list[RequestOutput]) -> list[int]:
-    return [t for o in outs for t in o.token_ids]
+    return [t for o in outs for c in o.outputs for t in c.token_ids]
 
 
 def solo(model: Any, prompt: Sequence[int], params: SamplingParams, **kwargs: Any) -> list[int]:

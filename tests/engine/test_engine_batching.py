@@ -42,7 +42,7 @@ def test_batch_with_staggered_arrivals_equals_solo_runs() -> None:
         got = tokens(outs[f"r{i}"])
         assert len(got) == params[i].max_tokens
         assert got == solo(MODEL, PROMPTS[i], params[i]), f"r{i}"
-        assert outs[f"r{i}"][-1].finish_reason == "length"
+        assert outs[f"r{i}"][-1].outputs[0].finish_reason == "length"
     stats = engine.get_stats()
     assert stats["num_prompt_tokens"] == sum(len(p) for p in PROMPTS)
     assert stats["num_generation_tokens"] == sum(p.max_tokens for p in params)
@@ -59,7 +59,7 @@ def test_chunked_prefill_equals_unchunked(chunk: int) -> None:
     assert tokens(outs["a"]) == whole
     assert tokens(outs["b"]) == solo(MODEL, PROMPTS[1], GREEDY)
     # Mid-prompt chunks sample nothing: the first output comes once the prompt is computed.
-    assert all(len(o.token_ids) == 1 for o in outs["a"])
+    assert all(len(o.outputs[0].token_ids) == 1 for o in outs["a"])
     assert_all_pages_free(engine)
 
 

@@ -46,12 +46,15 @@ def test_request_that_never_fits_is_rejected_at_once_and_others_complete() -> No
     engine.add_request(PROMPTS[1], huge, request_id="huge")  # 14 + 39 KV tokens: 14 pages
     engine.add_request(PROMPTS[2], GREEDY, request_id="ok2")
     first = {o.request_id: o for o in engine.step()}
-    assert first["huge"].finished and first["huge"].finish_reason == "cache_capacity_exceeded"
+    assert (
+        first["huge"].finished
+        and first["huge"].outputs[0].finish_reason == "cache_capacity_exceeded"
+    )
     assert first["huge"].error is not None and "6" in first["huge"].error
-    assert first["huge"].token_ids == [] and engine.scheduler.get("huge") is None
+    assert first["huge"].outputs[0].token_ids == [] and engine.scheduler.get("huge") is None
     outs = drain(engine)
     for rid, prompt in (("ok1", PROMPTS[0]), ("ok2", PROMPTS[2])):
-        got = [*first[rid].token_ids, *tokens(outs[rid])]
+        got = [*first[rid].outputs[0].token_ids, *tokens(outs[rid])]
         assert got == solo(MODEL, prompt, GREEDY)
     assert engine.get_stats()["num_finished"] == {"cache_capacity_exceeded": 1, "length": 2}
     assert_all_pages_free(engine)
@@ -63,9 +66,9 @@ def test_prompt_longer_than_the_context_is_rejected() -> None:
     engine.add_request(list(range(3, 19)), GREEDY, request_id="long")  # 16 tokens: no room
     engine.add_request(list(range(3, 15)), GREEDY, request_id="fits")  # 12 + 4 generated
     outs = drain(engine)
-    assert outs["long"][-1].finish_reason == "context_length_exceeded"
-    assert outs["fits"][-1].finish_reason == "length"
-    assert outs["fits"][-1].num_generated_tokens == 4  # stops at max_model_len = 16
+    assert outs["long"][-1].outputs[0].finish_reason == "context_length_exceeded"
+    assert outs["fits"][-1].outputs[0].finish_reason == "length"
+    assert len(tokens(outs["fits"])) == 4  # stops at max_model_len = 16
 
 
 def test_chunked_prefill_off_rejects_a_prompt_over_the_budget() -> None:
@@ -73,14 +76,16 @@ def test_chunked_prefill_off_rejects_a_prompt_over_the_budget() -> None:
         MODEL, page_size=4, num_pages=64, max_num_batched_tokens=8, enable_chunked_prefill=False
     )
     engine.add_request(PROMPTS[1], GREEDY, request_id="big")
-    assert drain(engine)["big"][-1].finish_reason == "context_length_exceeded"
+    assert drain(engine)["big"][-1].outputs[0].finish_reason == "context_length_exceeded"
 
 
 def test_max_tokens_zero_finishes_without_model_work() -> None:
     engine = make_engine(MODEL, page_size=4, num_pages=8)
     engine.add_request(PROMPTS[0], SamplingParams(max_tokens=0), request_id="z")
     (out,) = engine.step()
-    assert out.finished and out.finish_reason == "length" and out.token_ids == []
+    assert (
+        out.finished and out.outputs[0].finish_reason == "length" and out.outputs[0].token_ids == []
+    )
     assert engine.get_stats()["num_steps"] == 0 and not engine.has_unfinished_requests()
 
 
@@ -110,8 +115,10 @@ def test_abort_at_each_stage_frees_pages_exactly_once(stage: str) -> None:
     engine.cache_manager.check_integrity()  # refcounts equal page-table references
     rest = drain(engine)
     if stage != "finished":
-        assert rest["victim"][-1].finish_reason == "abort" and rest["victim"][-1].finished
+        assert (
+            rest["victim"][-1].outputs[0].finish_reason == "abort" and rest["victim"][-1].finished
+        )
     else:
-        assert seen[-1].finish_reason == "length"
+        assert seen[-1].outputs[0].finish_reason == "length"
     assert tokens(rest.get("other", [])) or stage == "finished"
     assert_all_pages_free(engine)

@@ -73,9 +73,9 @@ def test_random_workloads_keep_invariants(
             if abort is not None and arrive + abort == step:
                 engine.abort(f"r{i}")
         for out in engine.step():
-            got[out.request_id] += out.token_ids
+            got[out.request_id] += out.outputs[0].token_ids
             if out.finished:
-                reasons[out.request_id] = out.finish_reason
+                reasons[out.request_id] = out.outputs[0].finish_reason
         engine.cache_manager.check_integrity()
         step += 1
         assert step < 500, "no progress"

@@ -87,12 +87,12 @@ def test_sequence_max_tokens_exact_and_eos_handling() -> None:
         assert not seq.is_finished
         seq.append_token(t, eos_token_ids={0}, now=1.0)
     assert seq.finish_reason == FINISH_LENGTH and seq.num_generated_tokens == 3
-    assert seq.take_output().text == "abc"
+    assert seq.take_output().outputs[0].text == "abc"
 
     seq = _seq(SamplingParams(max_tokens=5))
     seq.append_token(ord("a"), {0}, 1.0)
     seq.append_token(0, {0}, 2.0)
-    out = seq.take_output()
+    out = seq.take_output().outputs[0]
     assert out.finish_reason == FINISH_STOP and out.token_ids == [ord("a"), 0] and out.text == "a"
 
     seq = _seq(SamplingParams(max_tokens=3, ignore_eos=True))
@@ -106,7 +106,7 @@ def test_sequence_stop_string_across_tokens_and_flush_on_length() -> None:
     texts = []
     for ch in "abXY":
         seq.append_token(ord(ch), set(), 1.0)
-        texts.append(seq.take_output().text)
+        texts.append(seq.take_output().outputs[0].text)
     assert texts == ["a", "b", "", ""] and seq.finish_reason == FINISH_STOP
     assert seq.text == "ab"
 
@@ -114,4 +114,4 @@ def test_sequence_stop_string_across_tokens_and_flush_on_length() -> None:
     seq.append_token(ord("a"), set(), 1.0)
     seq.append_token(ord("X"), set(), 1.0)
     assert seq.finish_reason == FINISH_LENGTH
-    assert seq.take_output().text == "aX"  # held-back "X" released at the end
+    assert seq.take_output().outputs[0].text == "aX"  # held-back "X" released at the end

@@ -32,7 +32,11 @@ def _engine(tiny: tuple[LlamaModel, object], **kwargs: object) -> LLMEngine:
 
 def _run(engine: LLMEngine, params: SamplingParams) -> tuple[list[str], list[int], str | None]:
     outs = drain(engine, {0: [("r", PROMPT, params)]})["r"]
-    return [o.text for o in outs], [t for o in outs for t in o.token_ids], outs[-1].finish_reason
+    return (
+        [o.outputs[0].text for o in outs],
+        [t for o in outs for t in o.outputs[0].token_ids],
+        outs[-1].outputs[0].finish_reason,
+    )
 
 
 def test_stop_string_spanning_tokens_never_leaks_when_streamed(tiny: tuple) -> None:
@@ -74,8 +78,8 @@ def test_stop_token_ids_eos_and_ignore_eos(tiny: tuple) -> None:
         engine = make_engine(eos_model, page_size=4, num_pages=64)
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=ignore)
         outs = drain(engine, {0: [("r", prompt_ids, params)]})["r"]
-        got = [t for o in outs for t in o.token_ids]
-        assert len(got) == expected_len and outs[-1].finish_reason == expected_reason
+        got = [t for o in outs for t in o.outputs[0].token_ids]
+        assert len(got) == expected_len and outs[-1].outputs[0].finish_reason == expected_reason
         assert got == ids[:expected_len]
 
 
@@ -91,13 +95,15 @@ def test_llm_generate_returns_results_in_input_order(tiny: tuple) -> None:
     prompts = ["the", "a much longer prompt about the weather", "on", [5, 6, 7]]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 2, 5, 3)]
     results = llm.generate(prompts, params, use_tqdm=False)
-    assert [len(r.token_ids) for r in results] == [9, 2, 5, 3]
-    assert [r.prompt for r in results] == prompts
+    assert [len(r.outputs[0].token_ids) for r in results] == [9, 2, 5, 3]
+    # vLLM's shape: the prompt text, or None for a token-id prompt (its ids are given).
+    assert [r.prompt for r in results] == [*prompts[:3], None]
+    assert results[3].prompt_token_ids == [5, 6, 7]
     for r, p in zip(results, prompts, strict=True):
         single = LLM(engine=_engine(tiny)).generate(p, params[prompts.index(p)], use_tqdm=False)
-        assert single[0].token_ids == r.token_ids and single[0].text == r.text
+        assert single[0].outputs == r.outputs
     chat = llm.chat([{"role": "user", "content": "hi"}], params[2], use_tqdm=False)
-    assert len(chat) == 1 and len(chat[0].token_ids) == 5
+    assert len(chat) == 1 and len(chat[0].outputs[0].token_ids) == 5
     with pytest.raises(ValueError, match="expected 1 or 4"):
         llm.generate(prompts, params[:2], use_tqdm=False)
 

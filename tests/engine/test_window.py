@@ -86,7 +86,7 @@ def test_long_stream_keeps_resident_pages_bounded() -> None:
     engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=300, ignore_eos=True), "s")
     manager, generated, steps = engine.cache_manager, 0, 0
     while engine.has_unfinished_requests():
-        generated += sum(len(o.token_ids) for o in engine.step())
+        generated += sum(len(o.outputs[0].token_ids) for o in engine.step())
         steps += 1
         seq = engine.scheduler.get("s")
         if seq is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedattn.engine.forward_batch import ForwardBatch
+from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.llama import LlamaModel
 
 

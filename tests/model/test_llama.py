@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pagedattn.engine.forward_batch import ForwardBatch
+from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import LoadedModel, load_model
 from tests.model.conftest import hf_greedy, hf_logits

@@ -60,7 +60,7 @@ def test_concurrent_streams_equal_solo_runs_and_cancels_free_pages(
             assert text is None
             continue
         params = SamplingParams(temperature=0, max_tokens=10 + i % 7, ignore_eos=True)
-        assert text == llm.generate(prompt(i), params, use_tqdm=False)[0].text, i
+        assert text == llm.generate(prompt(i), params, use_tqdm=False)[0].outputs[0].text, i
 
     def delta(name: str) -> float:
         return after[name] - before.get(name, 0.0)

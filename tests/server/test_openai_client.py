@@ -42,7 +42,7 @@ def test_completion_equals_the_engine_and_reports_usage(client: Any, llm: LLM) -
     )
     assert out.object == "text_completion" and out.id.startswith("cmpl-")
     assert out.model == "tiny-llama" and out.created > 0
-    assert out.choices[0].text == expected.text
+    assert out.choices[0].text == expected.outputs[0].text
     assert out.choices[0].finish_reason == "length"
     tokenizer = llm.engine.tokenizer
     assert out.usage.prompt_tokens == len(tokenizer.encode(PROMPT)) == 14
@@ -63,7 +63,7 @@ def test_chat_equals_the_engine_and_repeated_prompt_is_cached(client: Any, llm: 
     )
     assert first.object == "chat.completion" and first.id.startswith("chatcmpl-")
     assert first.choices[0].message.role == "assistant"
-    assert first.choices[0].message.content == expected.text
+    assert first.choices[0].message.content == expected.outputs[0].text
     assert first.choices[0].finish_reason == "length"
     assert first.usage.prompt_tokens == num_prompt
     assert first.usage.completion_tokens == 6
@@ -71,7 +71,7 @@ def test_chat_equals_the_engine_and_repeated_prompt_is_cached(client: Any, llm: 
     again = client.chat.completions.create(
         model="tiny-llama", messages=messages, max_tokens=6, temperature=0, extra_body=GREEDY_EXTRA
     )
-    assert again.choices[0].message.content == expected.text
+    assert again.choices[0].message.content == expected.outputs[0].text
     # every full page (4 tokens) of the prompt but the one holding its last token is reused
     assert again.usage.prompt_tokens_details.cached_tokens == (num_prompt - 1) // 4 * 4
     assert again.usage.prompt_tokens_details.cached_tokens > 0
@@ -90,7 +90,7 @@ def test_streamed_completion_joins_to_the_same_text(client: Any, llm: LLM) -> No
     )
     chunks = list(stream)
     assert len(chunks) >= 3
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.outputs[0].text
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
@@ -109,7 +109,7 @@ def test_streamed_chat_has_role_first_and_no_usage_unless_asked(client: Any, llm
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.outputs[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.usage is None for c in chunks)
     assert len({c.id for c in chunks}) == 1
@@ -117,7 +117,7 @@ def test_streamed_chat_has_role_first_and_no_usage_unless_asked(client: Any, llm
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_strings_cut_the_text(client: Any, llm: LLM, stream: bool) -> None:
-    full = solo(llm, PROMPT, max_tokens=20).text
+    full = solo(llm, PROMPT, max_tokens=20).outputs[0].text
     assert full.startswith("req_")  # the tiny model's greedy continuation
     kwargs: dict[str, Any] = {
         "model": "tiny-llama",
@@ -151,7 +151,7 @@ def test_seed_makes_sampling_reproducible(client: Any, llm: LLM) -> None:
     a = client.completions.create(seed=1234, **kwargs).choices[0].text
     b = client.completions.create(seed=1234, **kwargs).choices[0].text
     expected = solo(llm, PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, top_k=50, seed=1234)
-    assert a == b == expected.text
+    assert a == b == expected.outputs[0].text
     others = {client.completions.create(seed=s, **kwargs).choices[0].text for s in range(4)}
     assert len(others) > 1  # the seed matters
 
@@ -166,5 +166,5 @@ def test_token_id_prompt_and_user_field(client: Any, llm: LLM) -> None:
         user="someone",
         extra_body=GREEDY_EXTRA,
     )
-    assert out.choices[0].text == solo(llm, PROMPT, max_tokens=5).text
+    assert out.choices[0].text == solo(llm, PROMPT, max_tokens=5).outputs[0].text
     assert out.usage.prompt_tokens == len(ids)

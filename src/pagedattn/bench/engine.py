@@ -34,7 +34,7 @@ def run_offline(
     generated = cached = done = 0
     while engine.has_unfinished_requests():
         for out in engine.step():
-            generated += len(out.token_ids)
+            generated += sum(len(c.token_ids) for c in out.outputs)
             if out.finished:
                 if out.error:
                     raise RuntimeError(f"request rejected: {out.error}")

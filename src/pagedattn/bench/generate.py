@@ -21,13 +21,16 @@ def run_one(engine: Any, prompt_ids: Sequence[int], params: Any) -> RequestOutpu
     Raises:
         RuntimeError: the engine rejected the request (its error message).
     """
+    from pagedattn.engine.llm import merge_delta
+
     request_id = engine.add_request(list(prompt_ids), params)
-    final: RequestOutput | None = None
+    results: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            if out.request_id == request_id and out.finished:
-                final = out
-    if final is None or final.error:
+            if out.request_id == request_id:
+                merge_delta(results, out)
+    final = results.get(request_id)
+    if final is None or not final.finished or final.error:
         raise RuntimeError(f"request failed: {None if final is None else final.error}")
     return final
 
@@ -72,12 +75,13 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     m = out.metrics
     assert m.first_token_time is not None and m.last_token_time is not None
     progress("ours decode", total, total)
+    generated = len(out.outputs[0].token_ids)
     prefill_s = statistics.median(times)
     return {
         "prefill_tok_s": len(prompt) / prefill_s,
-        "decode_tok_s": (out.num_generated_tokens - 1) / (m.last_token_time - m.first_token_time),
+        "decode_tok_s": (generated - 1) / (m.last_token_time - m.first_token_time),
         "prefill_s": prefill_s,
-        "generated": out.num_generated_tokens,
+        "generated": generated,
     }
 
 

@@ -113,13 +113,14 @@ def stream_request(
             for out in engine.step():
                 if out.request_id != request_id:
                     continue
-                if out.text:
-                    write(out.text)
-                result.text += out.text
-                result.token_ids += out.token_ids
+                completion = out.outputs[0]
+                if completion.text:
+                    write(completion.text)
+                result.text += completion.text
+                result.token_ids += completion.token_ids
                 result.num_cached_tokens = out.num_cached_tokens
                 if out.finished:
-                    result.finish_reason, result.error = out.finish_reason, out.error
+                    result.finish_reason, result.error = completion.finish_reason, out.error
                     m = out.metrics
                     if m.first_token_time is not None:
                         result.ttft_s = m.first_token_time - m.arrival_time

@@ -11,7 +11,7 @@ from rich.progress import Progress
 
 from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.engine.outputs import CompletionOutput
+from pagedattn.engine.outputs import CompletionOutput, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -72,8 +72,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
-    ) -> list[CompletionOutput]:
-        """Generate for every prompt; return the finished requests in input order.
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; return one final RequestOutput per prompt, in input order.
+
+        Each RequestOutput's ``outputs`` hold the whole completions (all step deltas joined),
+        ordered by index.
 
         Args:
             prompts: one prompt or a list; a prompt is text or a list of token ids (a flat list
@@ -98,31 +101,23 @@ class LLM:
                 raise ValueError(
                     f"sampling_params: expected 1 or {len(prompt_list)} entries, got {len(params)}"
                 )
-        results: dict[str, CompletionOutput] = {}
+        results: dict[str, RequestOutput] = {}
         order = []
         for prompt, p in zip(prompt_list, params, strict=True):
-            ids = self.engine.encode(prompt)
-            rid = self.engine.add_request(ids, p)
+            rid = self.engine.add_request(prompt, p)
             order.append(rid)
-            stored = prompt if isinstance(prompt, str) else list(prompt)
-            results[rid] = CompletionOutput(request_id=rid, prompt=stored, prompt_token_ids=ids)
         # The bar goes to stderr and only to a terminal: stdout stays the caller's.
         console = Console(stderr=True)
         show = use_tqdm and console.is_terminal
+        mine = set(order)
         with Progress(console=console, disable=not show, transient=True) as progress:
             task = progress.add_task("generating", total=len(order))
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
-                    result = results.get(out.request_id)
-                    if result is None:  # someone else's request on a shared engine
+                    if out.request_id not in mine:  # someone else's request on a shared engine
                         continue
-                    result.text += out.text
-                    result.token_ids += out.token_ids
+                    merge_delta(results, out)
                     if out.finished:
-                        result.finish_reason = out.finish_reason
-                        result.error = out.error
-                        result.num_cached_tokens = out.num_cached_tokens
-                        result.metrics = out.metrics
                         progress.advance(task)
         return [results[rid] for rid in order]
 
@@ -132,7 +127,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
-    ) -> list[CompletionOutput]:
+    ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them (the model's chat template).
 
         Args:
@@ -147,3 +142,34 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts: list[Prompt] = [tokenizer.encode_chat(conv) for conv in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def merge_delta(results: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
+    """Fold one step's delta RequestOutput into ``results[delta.request_id]`` (created on the
+    request's first delta) and return the accumulated output: text, token ids and logprobs
+    joined per completion index, the latest finish state, metrics and error."""
+    acc = results.get(delta.request_id)
+    if acc is None:
+        acc = dataclasses.replace(delta, outputs=[], prompt_logprobs=delta.prompt_logprobs)
+        results[delta.request_id] = acc
+    by_index = {c.index: c for c in acc.outputs}
+    for c in delta.outputs:
+        whole = by_index.get(c.index)
+        if whole is None:
+            whole = CompletionOutput(index=c.index, logprobs=None if c.logprobs is None else [])
+            by_index[c.index] = whole
+        whole.text += c.text
+        whole.token_ids = [*whole.token_ids, *c.token_ids]
+        if c.logprobs is not None:
+            whole.logprobs = [*(whole.logprobs or []), *c.logprobs]
+        whole.cumulative_logprob = c.cumulative_logprob
+        whole.finish_reason = c.finish_reason
+        whole.stop_reason = c.stop_reason
+    acc.outputs = [by_index[i] for i in sorted(by_index)]
+    if delta.prompt_logprobs is not None:
+        acc.prompt_logprobs = delta.prompt_logprobs
+    acc.finished = delta.finished
+    acc.num_cached_tokens = delta.num_cached_tokens
+    acc.metrics = delta.metrics
+    acc.error = delta.error
+    return acc

@@ -165,6 +165,7 @@ class LLMEngine:
             arrival_time=time.monotonic(),
             text_stream=text_stream,
             max_model_len=self.scheduler.max_model_len,
+            prompt=prompt if isinstance(prompt, str) else None,
         )
         self.scheduler.add(seq)
         return request_id
@@ -173,7 +174,8 @@ class LLMEngine:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
         Returns:
-            One RequestOutput per request that produced a token or finished this step.
+            One RequestOutput per request that produced a token or finished this step; its
+            ``outputs`` are deltas (only what is new since the request's previous output).
         """
         batch = self.scheduler.schedule()
         token_ids = self.runner.run(batch)

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from pagedattn.config import CacheConfig
-from pagedattn.engine.forward_batch import ForwardBatch
 from pagedattn.engine.sampler import sample
 from pagedattn.engine.scheduled_batch import ScheduledBatch
+from pagedattn.model.forward_batch import ForwardBatch
 
 
 class Model(Protocol):
@@ -104,4 +104,10 @@ class ModelRunner:
         seqs = batch.sampling_seqs
         if not seqs:
             return np.zeros(0, dtype=np.int64)
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        processed = any(s.params.logits_processors for s in seqs)
+        return sample(
+            logits,
+            [s.params for s in seqs],
+            [s.generator for s in seqs],
+            [s.output_token_ids for s in seqs] if processed else None,
+        )

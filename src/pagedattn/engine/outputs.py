@@ -1,4 +1,6 @@
-"""What the engine hands back: per-step deltas and whole finished requests."""
+"""What the engine hands back, shaped like vLLM's outputs: ``RequestOutput`` per request holding
+one ``CompletionOutput`` per completion (per-step deltas from ``LLMEngine.step``, whole ones
+from ``LLM.generate``)."""
 
 from __future__ import annotations
 
@@ -29,56 +31,88 @@ class RequestMetrics:
 
 
 @dataclass
-class RequestOutput:
-    """What one ``LLMEngine.step()`` produced for one request.
+class Logprob:
+    """One token's log-probability (vLLM's ``Logprob``).
 
     Attributes:
-        request_id: the id ``add_request`` returned.
-        text: new output text since the previous output of this request (never part of a stop
-            string; may be empty while text is held back).
-        token_ids: new generated token ids since the previous output.
-        finished: True on the request's last output.
-        finish_reason: None while running; else one of ``FINISH_REASONS``.
-        error: a human-readable reason for a rejection, else None.
-        num_prompt_tokens: prompt length in tokens.
-        num_cached_tokens: prompt tokens served from the prefix cache at first admission.
-        num_generated_tokens: generated tokens so far (all of them, not just this delta).
-        metrics: the request's timestamps.
+        logprob: natural-log probability, float (log-softmax of the raw logits).
+        rank: 1-based rank of the token among all logits (1 = the most likely), or None.
+        decoded_token: the token's text, or None without a tokenizer.
     """
 
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_generated_tokens: int
-    metrics: RequestMetrics
-    error: str | None = None
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position's logprobs: token id -> Logprob (the chosen token plus the top-N).
+PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass
 class CompletionOutput:
-    """One finished request as ``LLM.generate`` returns it (all deltas joined).
+    """One completion (one of a request's ``n``), vLLM's ``CompletionOutput``.
+
+    From ``LLMEngine.step()`` it is a delta: ``text``, ``token_ids`` and ``logprobs`` hold only
+    what is new since this completion's previous output (vLLM's ``output_kind=DELTA``); from
+    ``LLM.generate`` it is the whole completion.
 
     Attributes:
-        request_id: the engine's request id.
-        prompt: the prompt as given (text, or token ids).
+        index: which of the request's completions (0 .. n - 1).
+        text: output text (never part of a stop string; a delta may be empty while text that
+            could start a stop string is held back).
+        token_ids: generated token ids.
+        cumulative_logprob: sum of the sampled tokens' logprobs so far (None when not asked).
+        logprobs: one ``PositionLogprobs`` per token in ``token_ids`` when the request asked
+            for logprobs, else None.
+        finish_reason: None while running; else one of ``FINISH_REASONS``.
+        stop_reason: the stop string or stop token id that ended it, else None.
+    """
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """One request's output, vLLM's ``RequestOutput``.
+
+    ``LLMEngine.step()`` returns one per request that produced something this step, with delta
+    ``outputs`` (only the completions that changed); ``LLM.generate`` returns one final
+    ``RequestOutput`` per prompt with whole ``outputs``, ordered by index.
+
+    Attributes:
+        request_id: the id ``add_request`` returned.
+        prompt: the prompt text, or None when it was given as token ids.
         prompt_token_ids: the prompt's token ids.
-        text: the whole output text (stop strings excluded).
-        token_ids: every generated token id.
-        finish_reason: one of ``FINISH_REASONS``; error: the rejection reason, else None.
-        num_cached_tokens: prompt tokens served from the prefix cache.
+        prompt_logprobs: per prompt token, its ``PositionLogprobs`` (None for the first
+            token) when the request asked for prompt logprobs, else None.
+        outputs: the completions (see above).
+        finished: True on the request's last output (every completion finished).
+        num_cached_tokens: prompt tokens served from the prefix cache at first admission.
+        error: a human-readable reason when the request was rejected or failed, else None.
         metrics: the request's timestamps.
     """
 
     request_id: str
-    prompt: str | list[int]
+    prompt: str | None
     prompt_token_ids: list[int]
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
     num_cached_tokens: int = 0
-    metrics: RequestMetrics | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

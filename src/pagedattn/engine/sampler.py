@@ -69,6 +69,7 @@ def sample(
     logits: npt.NDArray[np.floating],
     params: Sequence[SamplingParams],
     generators: Sequence[np.random.Generator],
+    output_token_ids: Sequence[Sequence[int]] | None = None,
 ) -> npt.NDArray[np.int64]:
     """Pick one token per row.
 
@@ -77,6 +78,8 @@ def sample(
         params: one SamplingParams per row.
         generators: one random generator per row (only non-greedy rows draw from it, one
             uniform number each).
+        output_token_ids: per row, the tokens its request generated so far (what its
+            ``logits_processors`` see); None = no row has processors.
 
     Returns:
         (num_rows,) int64 token ids.
@@ -94,6 +97,12 @@ def sample(
     out = np.empty(n, dtype=np.int64)
     for i, (row_params, gen) in enumerate(zip(params, generators, strict=True)):
         row = logits[i]
+        if row_params.logits_processors:
+            if output_token_ids is None:
+                raise ValueError("output_token_ids: needed by rows with logits_processors")
+            row = row.copy()
+            for proc in row_params.logits_processors:
+                row = proc(output_token_ids[i], row)
         if row_params.greedy:
             out[i] = int(np.argmax(row))
             continue

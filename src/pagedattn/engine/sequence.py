@@ -17,6 +17,7 @@ import numpy as np
 from pagedattn.engine.outputs import (
     FINISH_LENGTH,
     FINISH_STOP,
+    CompletionOutput,
     RequestMetrics,
     RequestOutput,
 )
@@ -54,6 +55,8 @@ class Sequence:
         text_stream: incremental detokenizer, or None (token ids only, text stays empty).
         max_model_len: finish with "length" once prompt + generated reach this many tokens;
             None = no limit.
+        prompt: the prompt text as the caller gave it (None for token-id prompts).
+        index: which of its request's completions this sequence is (0 .. n - 1).
 
     Raises:
         ValueError: an empty prompt.
@@ -69,6 +72,8 @@ class Sequence:
         arrival_time: float,
         text_stream: TextStream | None = None,
         max_model_len: int | None = None,
+        prompt: str | None = None,
+        index: int = 0,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: the prompt has no tokens")
@@ -76,6 +81,9 @@ class Sequence:
         self.request_id = request_id
         self.token_ids: list[int] = [int(t) for t in prompt_token_ids]
         self.num_prompt_tokens = len(self.token_ids)
+        self._prompt_token_ids = list(self.token_ids)
+        self.prompt = prompt
+        self.index = index
         self.params = params
         self.generator = generator
         self.text_stream = text_stream
@@ -102,7 +110,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
+        return self._prompt_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -171,17 +179,22 @@ class Sequence:
         self.num_preemptions += 1
 
     def take_output(self) -> RequestOutput:
-        """The delta since the previous call, as a RequestOutput (clears the pending delta)."""
-        out = RequestOutput(
-            request_id=self.request_id,
+        """The delta since the previous call (clears the pending delta): a RequestOutput whose
+        one CompletionOutput holds the new text and token ids."""
+        completion = CompletionOutput(
+            index=self.index,
             text=self._pending_text,
             token_ids=self._pending_token_ids,
-            finished=self.is_finished,
             finish_reason=self.finish_reason,
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_cached_tokens=self.num_cached_tokens,
-            num_generated_tokens=self.num_generated_tokens,
+        )
+        out = RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self._prompt_token_ids,
+            outputs=[completion],
+            finished=self.is_finished,
             metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens,
             error=self.error,
         )
         self._pending_text = ""

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pagedattn.config import ModelConfig
-from pagedattn.engine.forward_batch import ForwardBatch
 from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
+from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import BlockQuantized, qmatmul
 from pagedattn.model.weights import check_weights
 

@@ -175,12 +175,13 @@ class ServerMetrics:
             last_token_time: what the previous call returned for this request (None at first).
         """
         m = out.metrics
-        if out.token_ids and m.last_token_time is not None:
+        token_ids = [t for c in out.outputs for t in c.token_ids]
+        if token_ids and m.last_token_time is not None:
             if last_token_time is None and m.first_token_time is not None:
                 self.ttft.observe(m.first_token_time - m.arrival_time)
             elif last_token_time is not None:
-                gap = (m.last_token_time - last_token_time) / len(out.token_ids)
-                for _ in out.token_ids:
+                gap = (m.last_token_time - last_token_time) / len(token_ids)
+                for _ in token_ids:
                     self.itl.observe(gap)
             last_token_time = m.last_token_time
         if out.finished and m.finish_time is not None and m.first_scheduled_time is not None:

@@ -198,11 +198,11 @@ class OpenAIServing:
             usage = req.stream_options is not None and req.stream_options.include_usage
             body = sse_events(outputs, request_id, self.model_name, chat, usage)
             return StreamingResponse(body, media_type="text/event-stream")
-        final, text = await _collect(raw, outputs)
+        final, text, num_generated = await _collect(raw, outputs)
         if final is None:  # the client went away; the request was aborted
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_rejection(final)
-        usage_ = usage_of(final)
+        usage_ = usage_of(final, num_generated)
         reason = finish_reason_of(final)
         created = p.now_s()
         response: p.ChatCompletion | p.Completion
@@ -234,21 +234,24 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def _raise_rejection(out: RequestOutput) -> None:
     if out.error is not None:
-        raise APIError(400, out.error, code=out.finish_reason)
+        raise APIError(400, out.error, code=out.outputs[0].finish_reason)
 
 
 async def _collect(
     raw: Request, outputs: AsyncIterator[RequestOutput]
-) -> tuple[RequestOutput | None, str]:
-    """Join every output; None when the client disconnected first (the request is aborted)."""
+) -> tuple[RequestOutput | None, str, int]:
+    """Join every output: (last output, text, number of generated tokens); the output is None
+    when the client disconnected first (the request is aborted)."""
 
-    async def join() -> tuple[RequestOutput | None, str]:
+    async def join() -> tuple[RequestOutput | None, str, int]:
         parts: list[str] = []
+        num_generated = 0
         last = None
         async for out in outputs:
-            parts.append(out.text)
+            parts.append(out.outputs[0].text)
+            num_generated += len(out.outputs[0].token_ids)
             last = out
-        return last, "".join(parts)
+        return last, "".join(parts), num_generated
 
     task = asyncio.ensure_future(join())
     try:
@@ -257,7 +260,7 @@ async def _collect(
             if done:
                 return task.result()
             if await raw.is_disconnected():
-                return None, ""
+                return None, "", 0
     finally:
         if not task.done():
             task.cancel()

@@ -13,16 +13,16 @@ from pagedattn.server.errors import error_body
 
 
 def finish_reason_of(out: RequestOutput) -> p.FinishReason | None:
-    """OpenAI's finish reason: "length" for the engine's "length", else "stop" (None while
-    running)."""
+    """OpenAI's finish reason of a request's first completion: "length" for the engine's
+    "length", else "stop" (None while running)."""
     if not out.finished:
         return None
-    return "length" if out.finish_reason == "length" else "stop"
+    return "length" if out.outputs[0].finish_reason == "length" else "stop"
 
 
-def usage_of(out: RequestOutput) -> p.Usage:
-    """The usage block of a request's last output."""
-    return p.make_usage(out.num_prompt_tokens, out.num_generated_tokens, out.num_cached_tokens)
+def usage_of(out: RequestOutput, num_generated_tokens: int) -> p.Usage:
+    """The usage block of a request's last output, given how many tokens it generated."""
+    return p.make_usage(out.num_prompt_tokens, num_generated_tokens, out.num_cached_tokens)
 
 
 def _event(data: Any) -> str:
@@ -57,18 +57,25 @@ async def sse_events(
     try:
         if chat:
             yield chunk("", None, role=True)
+        num_generated = 0
         async for out in outputs:
+            completion = out.outputs[0]
             if out.error is not None:
-                yield _event(error_body(400, out.error, code=out.finish_reason))
+                yield _event(error_body(400, out.error, code=completion.finish_reason))
                 break
-            if out.text:
-                yield chunk(out.text, None)
+            num_generated += len(completion.token_ids)
+            if completion.text:
+                yield chunk(completion.text, None)
             if out.finished:
                 yield chunk(None if chat else "", finish_reason_of(out))
                 if usage:
                     cls: Any = p.ChatCompletionChunk if chat else p.Completion
                     last = cls(
-                        id=request_id, created=created, model=model, choices=[], usage=usage_of(out)
+                        id=request_id,
+                        created=created,
+                        model=model,
+                        choices=[],
+                        usage=usage_of(out, num_generated),
                     )
                     yield _event(p.dump(last))
         yield "data: [DONE]\n\n"
