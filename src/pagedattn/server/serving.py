@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.engine.outputs import RequestOutput
+from pagedattn.engine.outputs import FINISH_ABORT, FINISH_ERROR, REJECTIONS, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
 from pagedattn.server.engine_loop import AsyncEngine
@@ -201,7 +201,7 @@ class OpenAIServing:
         final, text, num_generated = await _collect(raw, outputs)
         if final is None:  # the client went away; the request was aborted
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
-        _raise_rejection(final)
+        _raise_failure(final)
         usage_ = usage_of(final, num_generated)
         reason = finish_reason_of(final)
         created = p.now_s()
@@ -232,9 +232,16 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _raise_rejection(out: RequestOutput) -> None:
-    if out.error is not None:
-        raise APIError(400, out.error, code=out.outputs[0].finish_reason)
+def _raise_failure(out: RequestOutput) -> None:
+    """A request that did not complete is an error response: a rejection is a 400 naming
+    its code, a request that failed in the engine a 500, one aborted by shutdown a 503."""
+    reason = out.outputs[0].finish_reason
+    if reason in REJECTIONS:
+        raise APIError(400, out.error or str(reason), code=reason)
+    if reason == FINISH_ERROR:
+        raise APIError(500, out.error or "the engine failed this request", code="engine_error")
+    if reason == FINISH_ABORT:
+        raise APIError(503, "the request was aborted: the server is shutting down")
 
 
 async def _collect(
