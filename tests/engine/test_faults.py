@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.engine.faults import FaultyModel, RowFaultModel
 from tests.engine.helpers import (
     GREEDY,
     assert_all_pages_free,
@@ -33,23 +34,6 @@ RNG = np.random.default_rng(11)
 PROMPT = RNG.integers(3, MODEL.config.vocab_size, 30).tolist()  # 7 full pages of 4 + 2
 OTHERS = [RNG.integers(3, MODEL.config.vocab_size, n).tolist() for n in (9, 14, 6)]
 OPTIONS: dict[str, Any] = {"page_size": 4, "num_pages": 64}
-
-
-class FaultyModel:
-    """Wraps a model; ``fail_calls`` are the 1-based forward calls that raise (after the
-    model wrote nothing: the KV of those slots stays whatever the pool held)."""
-
-    def __init__(self, model: Any, fail_calls: set[int]) -> None:
-        self.model = model
-        self.config = model.config
-        self.fail_calls = fail_calls
-        self.calls = 0
-
-    def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray:
-        self.calls += 1
-        if self.calls in self.fail_calls:
-            raise MemoryError("injected: the forward ran out of memory")
-        return np.asarray(self.model.forward(batch, kv))
 
 
 def fresh(prompt: list[int], params: SamplingParams = GREEDY, **options: Any) -> list[int]:
@@ -107,28 +91,6 @@ def test_keyboard_interrupt_in_a_step_fails_the_step_and_propagates() -> None:
     again = drain(engine, {0: [("b", PROMPT, GREEDY)]})["b"]
     assert tokens(again) == fresh(PROMPT) and again[-1].num_cached_tokens == 0
     assert_all_pages_free(engine)
-
-
-class RowFaultModel:
-    """Wraps a model and spoils the logits rows of queries at position >= ``from_position``
-    (only the long-prompt request gets there): ``mode`` "nan" writes NaN, "padded" pushes
-    ``padded_id`` far above every real token."""
-
-    def __init__(self, model: Any, mode: str, from_position: int, padded_id: int = 0) -> None:
-        self.model = model
-        self.config = model.config
-        self.mode = mode
-        self.from_position = from_position
-        self.padded_id = padded_id
-
-    def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray:
-        logits = np.array(self.model.forward(batch, kv))
-        rows = batch.positions[batch.logits_indices] >= self.from_position
-        if self.mode == "nan":
-            logits[rows] = np.nan
-        else:
-            logits[rows, self.padded_id] = logits[rows].max(axis=-1) + 100.0
-        return logits
 
 
 SAMPLED = SamplingParams(temperature=0.8, seed=4, max_tokens=8, ignore_eos=True)

@@ -15,7 +15,7 @@ from tests.server.conftest import TINY_OPTIONS, RunningServer, ServerFactory
 GOOD = {"prompt": "hello world", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 LONG_PROMPT = "the cat sat on the mat " * 40  # 240 tokens: fits the context, not a small pool
-PAGED_PROMPT = "the cat sat on the mat " * 4  # several full pages of 4 tokens
+PAGED_PROMPT = "seven lazy frogs hop over a quiet pond " * 3  # full pages no other test uses
 
 CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     # (id, path, body (str = raw bytes), status, param, code)
