@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.engine.outputs import RequestOutput
+from pagedattn.engine.outputs import REJECTIONS, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
 from pagedattn.server.engine_loop import AsyncEngine, EngineDeadError
@@ -195,7 +195,13 @@ class OpenAIServing:
         chat = isinstance(req, p.ChatCompletionRequest)
         prepare: Any = self.prepare_chat if chat else self.prepare_completion
         # tokenising and template rendering of a long prompt must not block the event loop
-        prepared: Prepared = await run_in_threadpool(prepare, req)
+        try:
+            prepared: Prepared = await run_in_threadpool(prepare, req)
+        except APIError as exc:
+            metrics = self.async_engine.metrics
+            if exc.code in REJECTIONS and metrics is not None:
+                metrics.count_rejection(exc.code)
+            raise
         self.async_engine.start()
         if not self.async_engine.is_running:
             raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
