@@ -169,3 +169,19 @@ def test_undecodable_token_fails_only_its_request(
     assert tokens(outs["a"]) == want["a"][: index + 1]
     assert tokens(outs["b"]) == want["b"] and outs["b"][-1].error is None
     assert_all_pages_free(engine)
+
+
+def test_a_raising_logits_processor_fails_only_its_request() -> None:
+    def broken(history: Any, row: np.ndarray) -> np.ndarray:
+        if len(history) == 2:
+            raise KeyError("processor state lost")
+        return row
+
+    bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logits_processors=[broken])
+    engine = make_engine(MODEL, **OPTIONS)
+    outs = drain(engine, {0: [("bad", PROMPT, bad), ("a", OTHERS[0], SAMPLED)]})
+    assert outs["bad"][-1].outputs[0].finish_reason == "error"
+    assert "processor state lost" in (outs["bad"][-1].error or "")
+    assert tokens(outs["bad"]) == fresh(PROMPT)[:2]  # two good tokens, then the failure
+    assert tokens(outs["a"]) == fresh(OTHERS[0], SAMPLED)
+    assert_all_pages_free(engine)

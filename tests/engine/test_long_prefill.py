@@ -111,6 +111,7 @@ def test_a_preempted_request_resumes_before_newer_ones() -> None:
         for out in engine.step():
             outs[out.request_id] += out.outputs[0].token_ids
         running = [s.request_id for s in engine.scheduler.running]
+        assert running == sorted(running)  # arrival order: the oldest is preempted last
         if preempted_seen:
             order += [r for r in running if r in ("b", "c") and r not in order]
         if not engine.has_unfinished_requests():
