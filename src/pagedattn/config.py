@@ -148,6 +148,14 @@ class SchedulerConfig:
         max_num_batched_tokens: most new tokens in one step (the token budget), >= 1.
         enable_chunked_prefill: split a prompt longer than the remaining budget into chunks;
             when off a prompt is prefilled in one step, so it must fit the budget whole.
+        long_prefill_token_threshold: the chunk size of chunked prefill: a prompt is computed
+            in chunks ending at multiples of this many tokens (or at its end), at most one chunk
+            per step, so a long prompt never takes more than this many tokens of a step from
+            the running streams (vLLM's ``long_prefill_token_threshold``), and its chunk
+            boundaries depend only on its own length and this number, never on what else is
+            scheduled (one exception: under page pressure the newest sequence may cut a chunk
+            short instead of being preempted). None = ``max(1, max_num_batched_tokens // 4)``;
+            must not exceed ``max_num_batched_tokens``.
         max_model_len: most tokens (prompt + generated) in one request. None = the model's
             ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
             otherwise (a window bounds memory; positions past the context extrapolate RoPE in
@@ -161,6 +169,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
+    long_prefill_token_threshold: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_batched_tokens"):
@@ -173,6 +182,18 @@ class SchedulerConfig:
             raise ValueError(
                 f"SchedulerConfig.max_model_len: expected None or >= 1, got {self.max_model_len!r}"
             )
+        t = self.long_prefill_token_threshold
+        if t is not None and (not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens):
+            raise ValueError(
+                "SchedulerConfig.long_prefill_token_threshold: expected None or an int in "
+                f"[1, max_num_batched_tokens={self.max_num_batched_tokens}], got {t!r}"
+            )
+
+    @property
+    def prefill_chunk_size(self) -> int:
+        """The resolved ``long_prefill_token_threshold`` (tokens)."""
+        t = self.long_prefill_token_threshold
+        return max(1, self.max_num_batched_tokens // 4) if t is None else t
 
 
 @dataclass(frozen=True)

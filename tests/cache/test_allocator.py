@@ -20,7 +20,9 @@ def test_free_queue_removes_from_the_middle_in_order() -> None:
     q = FreeQueue(5, range(5))
     q.remove(2)
     q.push_back(2)
-    q.push_front(q.pop_front())  # pop 0, put it back at the front
+    front = q.peek_front()
+    q.remove(front)
+    q.push_front(front)  # take 0 out, put it back at the front
     q.remove(3)
     assert list(q) == [0, 1, 4, 2]
     assert list(q.iter_reversed()) == [2, 4, 1, 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,13 @@ from pagedattn.cache.page_pool import PagePool
 NS = b"manager-test"
 
 
+def write(m: CacheManager, seq: object, token_ids: Any) -> np.ndarray:
+    """Reserve slots and commit them as written (what a successful step does)."""
+    slots = m.append_slots(seq, token_ids)
+    m.commit_written(seq)
+    return slots
+
+
 @pytest.mark.parametrize(
     ("length", "pages", "fill"),
     [(1, 1, 1), (15, 1, 15), (16, 1, 16), (17, 2, 1), (31, 2, 15), (32, 2, 16), (33, 3, 1)],
@@ -18,7 +27,7 @@ NS = b"manager-test"
 def test_page_arithmetic(length: int, pages: int, fill: int) -> None:
     m = CacheManager(8, 16, NS)
     m.add_sequence("s")
-    slots = m.append_slots("s", np.arange(length))
+    slots = write(m, "s", np.arange(length))
     table = m.page_table("s")
     assert len(table) == pages
     assert int(slots[-1]) % 16 + 1 == fill
@@ -33,7 +42,7 @@ def test_page_allocated_only_when_its_first_token_arrives() -> None:
     m.add_sequence(7)
     counts = []
     for t in range(9):
-        m.append_slots(7, [t])
+        write(m, 7, [t])
         counts.append(m.num_free_pages)
     assert counts == [3, 3, 3, 3, 2, 2, 2, 2, 1]
     assert m.num_tokens(7) == 9
@@ -43,12 +52,12 @@ def test_prefix_sharing_refcounts_and_o1_rehit() -> None:
     m = CacheManager(8, 16, NS)
     prompt = list(range(100, 140))  # 40 tokens: two full pages + 8
     assert m.add_sequence("a", prompt) == 0
-    m.append_slots("a", prompt)
+    write(m, "a", prompt)
     assert m.add_sequence("b", prompt) == 32
     assert m.page_table("b") == m.page_table("a")[:2]
     shared = m.page_table("a")[:2]
     assert [m.allocator.refcount(p) for p in shared] == [2, 2]
-    m.append_slots("b", prompt[32:])
+    write(m, "b", prompt[32:])
     assert m.page_table("b")[2] != m.page_table("a")[2]
     assert (m.prefix_query_tokens, m.prefix_hit_tokens) == (80, 32)
     m.free_sequence("a")
@@ -67,19 +76,19 @@ def test_fully_cached_prompt_leaves_last_token_uncached() -> None:
     m = CacheManager(8, 4, NS)
     prompt = list(range(8))
     m.add_sequence("a", prompt)
-    m.append_slots("a", prompt)
+    write(m, "a", prompt)
     assert m.add_sequence("b", prompt) == 4
-    assert m.append_slots("b", prompt[4:]).shape == (4,)
+    assert write(m, "b", prompt[4:]).shape == (4,)
     m.check_integrity()
 
 
 def test_page_reused_after_lru_never_serves_old_hash() -> None:
     m = CacheManager(2, 4, NS)
     m.add_sequence("a", [1, 2, 3, 4, 5])
-    m.append_slots("a", [1, 2, 3, 4, 5])
+    write(m, "a", [1, 2, 3, 4, 5])
     m.free_sequence("a")
     m.add_sequence("b")
-    m.append_slots("b", [9] * 8)  # takes both pages; the cached one is evicted
+    write(m, "b", [9] * 8)  # takes both pages; the cached one is evicted
     assert m.evictions["lru"] == 1
     m.free_sequence("b")
     assert m.add_sequence("c", [1, 2, 3, 4, 5]) == 0
@@ -90,7 +99,7 @@ def test_forced_collision_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hashing, "_digest", lambda data: b"\x07" * 16)
     m = CacheManager(4, 4, NS)
     m.add_sequence("a", [1, 2, 3, 4, 0])
-    m.append_slots("a", [1, 2, 3, 4, 0])
+    write(m, "a", [1, 2, 3, 4, 0])
     assert m.add_sequence("b", [5, 6, 7, 8, 0]) == 0  # same digest, different tokens
     assert m.add_sequence("c", [1, 2, 3, 4, 0]) == 4
     m.check_integrity()
@@ -100,7 +109,7 @@ def test_fork_shares_full_pages_and_copies_partial_page() -> None:
     pool = PagePool(1, 6, 1, 4, 2)
     m = CacheManager(6, 4, NS)
     m.add_sequence("p")
-    slots = m.append_slots("p", list(range(6)))
+    slots = write(m, "p", list(range(6)))
     pool.k_cache(0).reshape(-1, 2)[slots] = np.arange(6, dtype=np.float32)[:, None]
     copies = m.fork("p", "c")
     parent, child = m.page_table("p"), m.page_table("c")
@@ -108,8 +117,8 @@ def test_fork_shares_full_pages_and_copies_partial_page() -> None:
     assert copies == [(parent[1], child[1])]
     assert m.allocator.refcount(parent[0]) == 2 and m.allocator.refcount(child[1]) == 1
     pool.copy_pages(copies)
-    child_slot = m.append_slots("c", [99])[0]
-    parent_slot = m.append_slots("p", [98])[0]
+    child_slot = write(m, "c", [99])[0]
+    parent_slot = write(m, "p", [98])[0]
     assert child_slot // 4 == child[1] and parent_slot // 4 == parent[1]
     np.testing.assert_array_equal(pool.k_cache(0)[child[1], 0, :2, 0], [4.0, 5.0])
     assert m.fork("p", "d") == [(parent[1], m.page_table("d")[1])]
@@ -125,7 +134,7 @@ def test_sliding_window_returns_pages_and_marks_minus_one() -> None:
     m.add_sequence("s")
     tables = []
     for t in range(20):
-        m.append_slots("s", [t])
+        write(m, "s", [t])
         tables.append(m.page_table("s"))
     # page 0 holds the sinks and stays; page 1 (4..7) leaves at p=15, page 2 at p=19
     assert tables[14] == [0, 1, 2, 3]
@@ -137,31 +146,21 @@ def test_sliding_window_returns_pages_and_marks_minus_one() -> None:
     m.check_integrity()
 
 
-def test_chunked_append_keeps_keys_of_first_query_then_trim_window() -> None:
-    m = CacheManager(8, 4, NS, sliding_window=4)
-    m.add_sequence("s")
-    m.append_slots("s", list(range(12)))
-    assert m.page_table("s") == [0, 1, 2]  # query 0 needs everything it wrote
-    assert m.trim_window("s") == 2  # newest position 11 sees 8..11 only
-    assert m.page_table("s") == [-1, -1, 2]
-    m.check_integrity()
-
-
 def test_policies_on_exhaustion() -> None:
     for policy in ("reclaim", "raise"):
         m = CacheManager(2, 4, NS, policy=policy)  # type: ignore[arg-type]
         m.add_sequence("a", [1, 2, 3, 4, 5])
-        m.append_slots("a", [1, 2, 3, 4, 5])
+        write(m, "a", [1, 2, 3, 4, 5])
         m.free_sequence("a")
         m.add_sequence("b")
         if policy == "raise":
-            m.append_slots("b", [0])  # the empty page
+            write(m, "b", [0])  # the empty page
             assert not m.can_append("b", 4)
             with pytest.raises(OutOfPagesError):
-                m.append_slots("b", [0] * 4)
+                write(m, "b", [0] * 4)
             assert m.num_tokens("b") == 1
         else:
-            m.append_slots("b", [0] * 8)
+            write(m, "b", [0] * 8)
             assert m.evictions["lru"] == 1
         m.check_integrity()
 
@@ -170,15 +169,15 @@ def test_evict_idle_takes_lru_page_of_least_recently_used_other_sequence() -> No
     m = CacheManager(4, 2, NS, policy="evict_idle", num_sink_tokens=1)
     for s in ("x", "y"):
         m.add_sequence(s)
-        m.append_slots(s, [1, 2, 3, 4])
+        write(m, s, [1, 2, 3, 4])
     assert m.num_free_pages == 0
     assert m.can_append("y", 1) is False
-    m.append_slots("y", [5])  # x is idle and least recently used: its page 1 goes
+    write(m, "y", [5])  # x is idle and least recently used: its page 1 goes
     assert m.page_table("x") == [0, -1]
     # the dropped page held a cached prefix, so reusing it also drops its hash entry
     assert m.evictions == {"lru": 1, "sliding_window": 0, "lossy": 1}
     with pytest.raises(OutOfPagesError):
-        m.append_slots("y", [6, 7])  # x keeps only its sink page, y is the writer
+        write(m, "y", [6, 7])  # x keeps only its sink page, y is the writer
     m.check_integrity()
 
 
@@ -186,8 +185,8 @@ def test_page_tables_padding_and_errors() -> None:
     m = CacheManager(8, 4, NS)
     m.add_sequence("a")
     m.add_sequence("b")
-    m.append_slots("a", list(range(9)))
-    m.append_slots("b", [1])
+    write(m, "a", list(range(9)))
+    write(m, "b", [1])
     pt = m.page_tables(["a", "b"])
     assert pt.dtype == np.int32 and pt.tolist() == [[0, 1, 2], [3, -1, -1]]
     assert m.page_tables(["b"], max_pages=2).tolist() == [[3, -1]]
@@ -198,16 +197,54 @@ def test_page_tables_padding_and_errors() -> None:
     with pytest.raises(ValueError, match="already exists"):
         m.add_sequence("a")
     with pytest.raises(ValueError, match="integer"):
-        m.append_slots("a", [1.5])
+        write(m, "a", [1.5])
 
 
 def test_can_append_skips_pages_already_dropped_inside_the_trim_range() -> None:
     m = CacheManager(4, 4, NS, sliding_window=9, enable_prefix_caching=False)
     m.add_sequence("s")
-    m.append_slots("s", list(range(12)))  # one chunk: nothing trimmed yet
+    write(m, "s", list(range(12)))  # one chunk: nothing trimmed yet
     assert m.evict_oldest_page("s") == 0  # lossy hole inside the range the window will trim
     assert m.can_append("s", 1) is True
-    m.append_slots("s", [12])
+    write(m, "s", [12])
     assert m.page_table("s") == [-1, 1, 2, 0]
     assert m.evictions == {"lru": 0, "sliding_window": 0, "lossy": 1}
     m.check_integrity()
+
+
+def test_reserved_pages_enter_the_prefix_index_only_when_committed() -> None:
+    m = CacheManager(16, 4, NS)
+    prompt = list(range(10, 23))  # 13 tokens: three full pages + 1
+    m.add_sequence("a", prompt)
+    m.append_slots("a", prompt[:9])  # a step reserved two full pages, then its forward failed
+    assert m.allocator.num_cached_pages == 0
+    assert m.num_written_tokens("a") == 0
+    m.check_integrity()
+    m.add_sequence("b", prompt)
+    assert m.page_table("b") == []  # nothing unwritten is ever served
+    m.free_sequence("b")
+    m.free_sequence("a")
+    assert m.allocator.num_cached_pages == 0 and m.num_free_pages == 16
+    m.add_sequence("c", prompt)
+    m.append_slots("c", prompt[:9])
+    assert m.commit_written("c", 6) == m.page_table("c")[:1]  # one page full of written KV
+    assert m.commit_written("c") == m.page_table("c")[1:2]
+    m.append_slots("c", prompt[9:])
+    assert m.commit_written("c") == m.page_table("c")[2:3]
+    assert m.add_sequence("d", prompt) == 12
+    with pytest.raises(ValueError, match="num_tokens"):
+        m.commit_written("c", 3)  # below what is already written
+    m.check_integrity()
+
+
+def test_check_integrity_tells_a_registered_page_from_a_written_one() -> None:
+    m = CacheManager(8, 4, NS)
+    m.add_sequence("a", list(range(8)))
+    m.append_slots("a", list(range(8)))
+    m.check_integrity()
+    page = m.page_table("a")[0]
+    # register a reserved, unwritten page behind the manager's back: the poisoned state
+    page_hash = hashing.hash_page_tokens(None, list(range(4)), NS)
+    m.allocator.register(page, page_hash, None, list(range(4)), None)
+    with pytest.raises(AssertionError, match="prefix index but only 0"):
+        m.check_integrity()

@@ -51,6 +51,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert predicted or self.m.policy == "evict_idle"
         assert slots.shape == (len(new),) and slots.dtype == np.int64
         self.flat[slots] = new
+        self.m.commit_written(seq)
         self.tokens[seq].extend(new)
 
     @rule(prompt=PROMPTS)
@@ -90,15 +91,16 @@ class CacheMachine(RuleBasedStateMachine):
         del self.tokens[seq]
 
     @precondition(lambda self: self.tokens)
-    @rule(data=st.data())
-    def trim(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), new=st.lists(st.integers(0, 9), min_size=1, max_size=9))
+    def failed_write(self, data: st.DataObject, new: list[int]) -> None:
+        """A step reserves slots, its forward fails before writing them, the sequence is
+        freed: no later prefix hit may serve those pages (contents_match would see it)."""
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
-        self.m.trim_window(seq)
-        window = self.m.sliding_window
-        if window is not None:
-            # outside the sink pages, only pages with a key in (newest - W, newest] remain
-            table = self.m.page_table(seq)[self.m.num_sink_pages :]
-            assert sum(p != -1 for p in table) <= -(-window // PAGE_SIZE) + 1
+        with contextlib.suppress(OutOfPagesError):
+            self.m.append_slots(seq, new)
+            self.m.check_integrity()
+        self.m.free_sequence(seq)
+        del self.tokens[seq]
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

@@ -113,3 +113,75 @@ def test_real_model_two_turns_reuse_the_conversation() -> None:
     fresh = fresh_out.outputs[0]
     assert fresh_out.num_cached_tokens == 0 and len(ids2) == len2
     assert [first.text, fresh.text] == answers
+
+
+CHILD = """
+import sys, time
+from pagedattn.model.llama import LlamaModel
+
+real_forward = LlamaModel.forward
+state = {"slow": True}
+
+
+def forward(self, batch, kv):
+    # the first prefill stalls before writing any KV: the user presses Ctrl-C meanwhile
+    if state["slow"] and batch.num_tokens > 1:
+        state["slow"] = False
+        sys.stderr.write("FORWARD-STARTED\\n")
+        sys.stderr.flush()
+        time.sleep(60)
+    return real_forward(self, batch, kv)
+
+
+LlamaModel.forward = forward
+from pagedattn.cli import main
+
+sys.argv = ["pagedattn", "chat", *sys.argv[1:]]
+main()
+"""
+
+
+def test_ctrl_c_mid_forward_never_poisons_the_next_turn(tiny_gguf: Path) -> None:
+    """A real SIGINT to a `pagedattn chat` process while a turn's forward runs: the turn is
+    dropped and the same message again is answered exactly as by a fresh engine, with no
+    prompt token served from pages the interrupted forward never wrote."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    n, model, line = 6, str(tiny_gguf), "the cat sat on the mat and the dog sat on the log"
+    args = ["-m", model, "--page-size", "4", "--max-tokens", str(n), "--ignore-eos", "--stats"]
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        seen = []
+        while not seen or seen[-1] != "FORWARD-STARTED":
+            got = proc.stderr.readline()
+            assert got, "".join(seen)
+            seen.append(got.strip())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(f"{line}\n/exit\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "interrupted; the turn was dropped" in err
+    answers = [t.removesuffix("\n") for t in out.split(PROMPT_MARKER)[1:] if t.strip()]
+    counts = [(int(a), int(b)) for a, b in STATS.findall(err)]
+    conv = Conversation(LLM(model).engine.tokenizer)
+    ids, _ = conv.prompt_for(line)
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    fresh, _ = _fresh_answer(model, ids, params)
+    assert answers[-1] == fresh
+    assert counts == [(0, len(ids))]  # the interrupted forward wrote nothing to reuse

@@ -54,7 +54,13 @@ def test_batch_with_staggered_arrivals_equals_solo_runs() -> None:
 def test_chunked_prefill_equals_unchunked(chunk: int) -> None:
     prompt = PROMPTS[3]  # 31 tokens over pages of 4: chunks split pages mid-way
     whole = solo(MODEL, prompt, GREEDY, enable_chunked_prefill=False)
-    engine = make_engine(MODEL, page_size=4, num_pages=64, max_num_batched_tokens=chunk)
+    engine = make_engine(
+        MODEL,
+        page_size=4,
+        num_pages=64,
+        max_num_batched_tokens=chunk,
+        long_prefill_token_threshold=chunk,
+    )
     outs = drain(engine, {0: [("a", prompt, GREEDY)], 2: [("b", PROMPTS[1], GREEDY)]})
     assert tokens(outs["a"]) == whole
     assert tokens(outs["b"]) == solo(MODEL, PROMPTS[1], GREEDY)
@@ -92,7 +98,16 @@ def test_identical_prompts_in_one_step_and_shared_prefixes() -> None:
     outs = drain(engine, {0: [(k, p, GREEDY) for k, p in prompts.items()]})
     for key, prompt in prompts.items():
         assert tokens(outs[key]) == solo(MODEL, prompt, GREEDY), key
-    # "a" registers its pages while being scheduled; the others hit them in the same step.
+    # Pages enter the prefix index only after the forward that wrote them: requests of the
+    # same step share nothing.
+    assert [outs[k][-1].num_cached_tokens for k in "abcd"] == [0, 0, 0, 0]
+    assert_all_pages_free(engine)
+    # One step later "a"'s 7 full pages are written and committed: the others hit them.
+    engine = make_engine(MODEL, page_size=4, num_pages=64)
+    later = [(k, p, GREEDY) for k, p in prompts.items() if k != "a"]
+    outs = drain(engine, {0: [("a", base, GREEDY)], 1: later})
+    for key, prompt in prompts.items():
+        assert tokens(outs[key]) == solo(MODEL, prompt, GREEDY), key
     assert [outs[k][-1].num_cached_tokens for k in "abcd"] == [0, 28, 16, 16]
     assert_all_pages_free(engine)
 

@@ -98,7 +98,9 @@ def test_duplicate_request_id_raises() -> None:
 
 @pytest.mark.parametrize("stage", ["waiting", "mid_prefill", "decoding", "finished"])
 def test_abort_at_each_stage_frees_pages_exactly_once(stage: str) -> None:
-    engine = make_engine(MODEL, page_size=4, num_pages=16, max_num_batched_tokens=5)
+    engine = make_engine(
+        MODEL, page_size=4, num_pages=16, max_num_batched_tokens=5, long_prefill_token_threshold=5
+    )
     engine.add_request(PROMPTS[1], LONG, request_id="victim")  # 14 tokens: 3 chunks of 5
     engine.add_request(PROMPTS[2], GREEDY, request_id="other")
     steps = {"waiting": 0, "mid_prefill": 1, "decoding": 5, "finished": 40}[stage]

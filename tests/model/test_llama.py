@@ -81,27 +81,49 @@ def test_batched_sequences_equal_single_runs(tiny_model: LlamaModel) -> None:
     assert step.shape == (3, 272) and np.isfinite(step).all()
 
 
-def test_shifted_mode_passes_sink_queries(tiny_model: LlamaModel) -> None:
-    """With sink_positions equal to positions, shifted mode must equal absolute mode."""
-    ids = np.arange(3, 23, dtype=np.int64)
-    out = []
-    for sink_positions in (None, np.arange(20, dtype=np.int64)):
-        state = PagedSequences(tiny_model, num_pages=4, page_size=16)
-        state.new_sequence()
+def test_shifted_mode_scores_sink_keys_at_their_in_cache_distance(
+    tiny_model: LlamaModel,
+) -> None:
+    """Decode position 20 with W=8, S=2 in shifted mode (sink queries rotated to the in-cache
+    position 9): equal to absolute mode over a pool whose sink keys were re-rotated by +11,
+    i.e. moved to the same query distance (llama.cpp's context shift; RoPE composes:
+    R(j + 11) k = R(11) R(j) k) -- and different from plain absolute mode."""
+    from tests.engine.helpers import _rope
+
+    c = tiny_model.config
+    state = PagedSequences(tiny_model, num_pages=4, page_size=16)
+    seq = state.new_sequence()
+    state.step({seq: list(range(3, 23))})  # positions 0..19 written
+    slot = state._slots(seq, 1)  # position 20
+    state.lens[seq] += 1
+    sink_slots = np.array(state.tables[seq][0] * 16 + np.arange(2))  # positions 0, 1
+
+    def decode(kv: np.ndarray, sink_positions: np.ndarray | None) -> np.ndarray:
         batch = ForwardBatch(
-            input_ids=ids,
-            positions=np.arange(20, dtype=np.int64),
-            slot_mapping=np.array(state._slots(0, 20), np.int64),
-            query_start_loc=np.array([0, 20], np.int32),
-            context_lens=np.array([20], np.int32),
-            page_tables=np.array([state.tables[0]], np.int32),
-            logits_indices=np.array([19], np.int64),
+            input_ids=np.array([7], np.int64),
+            positions=np.array([20], np.int64),
+            slot_mapping=np.array(slot, np.int64),
+            query_start_loc=np.array([0, 1], np.int32),
+            context_lens=np.array([21], np.int32),
+            page_tables=np.array([state.tables[seq]], np.int32),
+            logits_indices=np.array([0], np.int64),
             sliding_window=8,
             num_sink_tokens=2,
             sink_positions=sink_positions,
         )
-        out.append(tiny_model.forward(batch, state.kv))
-    np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-6)
+        return np.asarray(tiny_model.forward(batch, kv))
+
+    shifted = decode(state.kv.copy(), np.array([9], np.int64))
+    absolute = decode(state.kv.copy(), None)
+    moved = state.kv.copy()
+    keys = moved[:, 0].reshape(c.num_layers, -1, c.num_kv_heads, 16, c.head_dim)
+    for layer in range(c.num_layers):
+        page, off = divmod(sink_slots, 16)
+        k = keys[layer, page, :, off]  # (2, nkv, D)
+        keys[layer, page, :, off] = _rope(k, np.full(2, 11), c.rope_theta)
+    oracle = decode(moved, None)
+    np.testing.assert_allclose(shifted, oracle, rtol=0, atol=1e-4)
+    assert np.abs(shifted - absolute).max() > 1e-3  # the sink rotation matters
 
 
 def test_bad_kv_pool_and_ids_are_refused(tiny_model: LlamaModel) -> None:

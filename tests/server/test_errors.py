@@ -4,16 +4,18 @@ request succeeds."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer, ServerFactory
+from tests.server.conftest import TINY_OPTIONS, RunningServer, ServerFactory
 
 GOOD = {"prompt": "hello world", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 LONG_PROMPT = "the cat sat on the mat " * 40  # 240 tokens: fits the context, not a small pool
+PAGED_PROMPT = "seven lazy frogs hop over a quiet pond " * 3  # full pages no other test uses
 
 CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     # (id, path, body (str = raw bytes), status, param, code)
@@ -170,8 +172,17 @@ def test_prompt_larger_than_the_kv_pool(make_server: ServerFactory) -> None:
         assert_good_request_works(srv)
 
 
+def fresh_text(model_dir: Path, prompt: str, max_tokens: int) -> str:
+    """The greedy completion of a fresh offline engine on the same model (the oracle)."""
+    from pagedattn import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), **TINY_OPTIONS)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return str(llm.generate([prompt], params)[0].outputs[0].text)
+
+
 def test_unexpected_exceptions_are_500s_and_the_engine_keeps_serving(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+    server: RunningServer, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = server.app.state.async_engine.engine
 
@@ -194,9 +205,15 @@ def test_unexpected_exceptions_are_500s_and_the_engine_keeps_serving(
         return real_run(batch)
 
     monkeypatch.setattr(engine.runner, "run", run_failing_once)
-    r = httpx.post(f"{server.url}/v1/completions", json=GOOD, timeout=60)
-    assert "kernel exploded" in assert_error_shape(r, 500)["message"]
-    assert_good_request_works(server)
+    body = {**GOOD, "prompt": PAGED_PROMPT, "max_tokens": 6}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    error = assert_error_shape(r, 500)
+    assert "kernel exploded" in error["message"] and error["code"] == "engine_error"
+    # the same prompt again: the answer a fresh engine gives, and none of the pages the
+    # failed step reserved is served from the prefix cache
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == fresh_text(tiny_model_dir, PAGED_PROMPT, 6)
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert server.wait_idle()["pagedattn:num_used_pages"] == 0
-    assert server.app.state.async_engine.num_step_errors == 1
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -104,3 +108,84 @@ def test_preemptions_and_evictions_are_counted(make_server: ServerFactory) -> No
     # a recompute after preemption is neither a prefix-cache query nor a hit
     assert m["pagedattn:prefix_cache_queries_total"] == m["pagedattn:prompt_tokens_total"]
     assert m["pagedattn:num_used_pages"] == 0
+
+
+def _slow_runner(srv: RunningServer, monkeypatch: Any, first_s: float, each_s: float) -> None:
+    engine = srv.app.state.async_engine.engine
+    real = engine.runner.run
+    calls = {"n": 0}
+
+    def run(batch: Any) -> Any:
+        calls["n"] += 1
+        time.sleep(first_s if calls["n"] == 1 else each_s)
+        return real(batch)
+
+    monkeypatch.setattr(engine.runner, "run", run)
+
+
+def test_ttft_includes_the_time_queued_behind_a_running_step(
+    make_server: ServerFactory, monkeypatch: Any
+) -> None:
+    with make_server() as srv:
+        _slow_runner(srv, monkeypatch, first_s=2.0, each_s=0.0)
+        first = threading.Thread(target=complete, args=(srv, "hello world"))
+        first.start()
+        time.sleep(0.2)  # the second request arrives while the first step runs
+        t0 = time.monotonic()
+        complete(srv, "the cat sat on the mat")
+        waited = time.monotonic() - t0
+        first.join(30)
+        m = srv.wait_idle()
+    assert waited > 1.5
+    assert m["pagedattn:time_to_first_token_seconds_count"] == 2
+    # both requests waited for the 2 s step: neither TTFT is below 1 s
+    assert m['pagedattn:time_to_first_token_seconds_bucket{le="1.0"}'] == 0
+    assert m['pagedattn:e2e_request_latency_seconds_bucket{le="1.0"}'] == 0
+
+
+def test_counts_stay_exact_under_preemption_aborts_and_max_tokens_1(
+    make_server: ServerFactory, monkeypatch: Any
+) -> None:
+    prompts = ["the cat sat on the mat", "hello world and more", "the dog sat", "a b c d e"]
+    with make_server(num_pages=12) as srv:  # 12 pages of 4 tokens: the requests preempt
+        _slow_runner(srv, monkeypatch, first_s=0.0, each_s=0.02)
+        bodies = [
+            {"prompt": p, "max_tokens": 20, "temperature": 0, "ignore_eos": True} for p in prompts
+        ]
+        bodies += [{**bodies[0], "max_tokens": 1}, {**bodies[1], "max_tokens": 1}]
+        results: list[int] = []
+
+        def post(body: dict[str, Any]) -> None:
+            r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
+            results.append(r.status_code)
+
+        def aborted() -> None:  # a stream the client drops after its first token
+            body = {**bodies[2], "max_tokens": 30, "stream": True}  # fits the pool
+            with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and '"text":""' not in line:
+                        return
+
+        clients = [threading.Thread(target=post, args=(b,)) for b in bodies]
+        clients.append(threading.Thread(target=aborted))
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(60)
+        too_long = {"prompt": "word " * 600, "max_tokens": 3}
+        r = httpx.post(f"{srv.url}/v1/completions", json=too_long, timeout=60)
+        assert r.status_code == 400
+        m = srv.wait_idle()
+    assert results == [200] * 6
+    assert m["pagedattn:num_preemptions_total"] > 0
+    success = {
+        k.split('"')[1]: v for k, v in m.items() if k.startswith("pagedattn:request_success_total")
+    }
+    assert success["length"] == 6 and success["abort"] == 1
+    assert success["context_length_exceeded"] == 1 and success["stop"] == 0
+    # every request produced tokens: one TTFT and one e2e each, one inter-token gap per token
+    # after a request's first
+    assert m["pagedattn:time_to_first_token_seconds_count"] == 7
+    assert m["pagedattn:e2e_request_latency_seconds_count"] == 7
+    generated = m["pagedattn:generation_tokens_total"]
+    assert m["pagedattn:inter_token_latency_seconds_count"] == generated - 7

@@ -66,12 +66,6 @@ class FreeQueue:
             raise IndexError("peek_front on an empty FreeQueue")
         return self._next[self._head]
 
-    def pop_front(self) -> int:
-        """Remove and return the LRU page id. Raises IndexError when empty."""
-        page_id = self.peek_front()
-        self.remove(page_id)
-        return page_id
-
     def push_back(self, page_id: int) -> None:
         """Enqueue at the MRU end (evicted last)."""
         self._insert(page_id, self._prev[self._tail], self._tail)

@@ -5,6 +5,12 @@ The engine-facing half of the paged KV cache (vLLM v1 ``KVCacheManager``, Kwon e
 KV data: it returns slot mappings and page tables for the kernels, and fork returns the page
 copies the caller applies with :meth:`PagePool.copy_pages`.
 
+Reserved is not written: :meth:`CacheManager.append_slots` only hands out slots. A full page
+enters the prefix index in :meth:`CacheManager.commit_written`, which the caller invokes once
+the forward that wrote those slots succeeded; a failed step never commits, so a later request
+can never be served KV that was not computed (the sequence is freed and its reserved pages go
+back to the pool as empty pages).
+
 Sliding window W with S sink tokens (StreamingLLM, arXiv 2309.17453): a query at position p sees
 keys j with p - W < j <= p, plus j < S. A full page with no such key for the first query being
 written, and holding no sink token, goes back to the pool at once; its page-table entry becomes -1
@@ -108,8 +114,12 @@ class CacheManager:
         return seq_id in self._seqs
 
     def num_tokens(self, seq_id: Hashable) -> int:
-        """KV tokens written (or prefix-cached) for the sequence; its next position."""
+        """KV tokens reserved (or prefix-cached) for the sequence; its next position."""
         return self._get(seq_id).num_tokens
+
+    def num_written_tokens(self, seq_id: Hashable) -> int:
+        """KV tokens committed as written (see :meth:`commit_written`) or prefix-cached."""
+        return self._get(seq_id).num_written_tokens
 
     def page_table(self, seq_id: Hashable) -> list[int]:
         """Copy of the sequence's page ids in position order; -1 where a page was dropped."""
@@ -184,7 +194,7 @@ class CacheManager:
                 parent_serial = record.serial
             for page_id in seq.page_table:
                 self.allocator.touch(page_id)
-            seq.num_tokens = len(seq.page_table) * ps
+            seq.num_tokens = seq.num_written_tokens = len(seq.page_table) * ps
             seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
             self.prefix_query_tokens += len(tokens)
             self.prefix_hit_tokens += seq.num_tokens
@@ -195,7 +205,8 @@ class CacheManager:
         """Reserve KV slots for new tokens; a page is allocated when its first token arrives.
 
         First drops pages outside the window of the first new token (see module doc), then
-        allocates, then registers pages that became full in the prefix index.
+        allocates. Nothing enters the prefix index here: call :meth:`commit_written` once the
+        KV of these slots has been written.
 
         Args:
             seq_id: an existing sequence.
@@ -223,19 +234,45 @@ class CacheManager:
         seq.num_tokens += k
         if self.enable_prefix_caching:
             seq.token_ids.extend(int(t) for t in tokens)
-            for i in range(n0 // ps, seq.num_tokens // ps):
-                seq.register_page(i, self.allocator, ps, self.namespace)
         self._seqs.move_to_end(seq_id)
         return slots
 
-    def trim_window(self, seq_id: Hashable) -> int:
-        """Drop pages outside the window of the newest token (call after a chunked prefill).
+    def commit_written(self, seq_id: Hashable, num_tokens: int | None = None) -> list[int]:
+        """The commit point: the KV of the sequence's reserved slots up to ``num_tokens`` was
+        written by a forward that succeeded; pages that are now full of written tokens enter
+        the prefix index (and only now become visible to other requests).
+
+        This is the one place a page becomes shareable, so a write-through to a persistent
+        tier belongs here too (it gets exactly the page ids returned).
+
+        Args:
+            seq_id: an existing sequence.
+            num_tokens: tokens now written, ``num_written_tokens <= num_tokens <= num_tokens
+                reserved``; None = every reserved token.
 
         Returns:
-            The number of page-table entries dropped.
+            The page ids newly entered in the prefix index, in position order (empty without
+            prefix caching; a page whose prefix another page already serves is not listed).
+
+        Raises:
+            KeyError: unknown seq_id. ValueError: ``num_tokens`` outside that range.
         """
         seq = self._get(seq_id)
-        return self._trim(seq, seq.num_tokens - 1) if seq.num_tokens else 0
+        upto = seq.num_tokens if num_tokens is None else num_tokens
+        if not seq.num_written_tokens <= upto <= seq.num_tokens:
+            raise ValueError(
+                f"num_tokens: expected {seq.num_written_tokens} <= n <= {seq.num_tokens}, "
+                f"got {upto}"
+            )
+        ps = self.page_size
+        first = seq.num_written_tokens // ps
+        seq.num_written_tokens = upto
+        registered: list[int] = []
+        if self.enable_prefix_caching:
+            for i in range(first, upto // ps):
+                if seq.register_page(i, self.allocator, ps, self.namespace):
+                    registered.append(seq.page_table[i])
+        return registered
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
         """Create ``child_id`` sharing the parent's full pages; its partial last page is copied.
@@ -347,7 +384,9 @@ class CacheManager:
 
     def check_integrity(self) -> None:
         """Allocator invariants plus: every refcount equals the page-table entries naming the
-        page, each table has ceil(num_tokens / page_size) entries with a resident last page.
+        page, each table has ceil(num_tokens / page_size) entries with a resident last page,
+        and no page holding a reserved but not yet written token is in the prefix index
+        (registered implies written).
 
         Raises:
             AssertionError: naming the first broken invariant.
@@ -355,7 +394,14 @@ class CacheManager:
         expected = [0] * self.num_pages
         for seq_id, seq in self._seqs.items():
             seq.check(self.page_size, self.enable_prefix_caching, str(seq_id))
-            for page_id in seq.page_table:
-                if page_id != -1:
-                    expected[page_id] += 1
+            for index, page_id in enumerate(seq.page_table):
+                if page_id == -1:
+                    continue
+                expected[page_id] += 1
+                written = (index + 1) * self.page_size <= seq.num_written_tokens
+                if not written and self.allocator.cached_page(page_id) is not None:
+                    raise AssertionError(
+                        f"{seq_id}: page {page_id} (index {index}) is in the prefix index but "
+                        f"only {seq.num_written_tokens} of its sequence's tokens are written"
+                    )
         self.allocator.check_integrity(expected)

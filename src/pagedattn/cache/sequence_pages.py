@@ -46,9 +46,13 @@ class SequencePages:
 
     Attributes:
         page_table: page ids in position order; -1 where a page was dropped.
-        num_tokens: KV tokens written; ``len(page_table) == ceil(num_tokens / page_size)``.
-        token_ids: every token id written (kept only with prefix caching, to hash full pages).
-        page_hashes: chained hash of each full page (prefix caching only).
+        num_tokens: KV tokens reserved (slots handed out); ``len(page_table) ==
+            ceil(num_tokens / page_size)``.
+        num_written_tokens: of those, tokens whose KV a successful forward wrote (or that were
+            served from the prefix cache); only pages full of written tokens are ever entered
+            in the prefix index (see :meth:`CacheManager.commit_written`).
+        token_ids: every token id reserved (kept only with prefix caching, to hash full pages).
+        page_hashes: chained hash of each full written page (prefix caching only).
         serials: registration serial serving each full page's exact prefix, None once the chain
             is broken (a collision, a dropped page or lossy eviction).
         trimmed_upto: pages before this index were already checked against the window.
@@ -57,6 +61,7 @@ class SequencePages:
 
     page_table: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    num_written_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     page_hashes: list[PageHash] = field(default_factory=list)
     serials: list[int | None] = field(default_factory=list)
@@ -74,6 +79,7 @@ class SequencePages:
         return SequencePages(
             list(self.page_table),
             self.num_tokens,
+            self.num_written_tokens,
             list(self.token_ids),
             list(self.page_hashes),
             list(self.serials),
@@ -102,9 +108,14 @@ class SequencePages:
 
     def register_page(
         self, index: int, allocator: PageAllocator, page_size: int, namespace: bytes
-    ) -> None:
-        """Hash the just-filled page ``index`` and enter it in the prefix index if its whole
-        chain is registered and its KV is exact (no lossy eviction)."""
+    ) -> bool:
+        """Hash the just-written full page ``index`` and enter it in the prefix index if its
+        whole chain is registered and its KV is exact (no lossy eviction).
+
+        Returns:
+            True when this page id became a new prefix-index entry (False: not registered, or
+            an identical entry on another page already serves the prefix).
+        """
         tokens = self.token_ids[index * page_size : (index + 1) * page_size]
         parent_hash = self.page_hashes[index - 1] if index else None
         page_hash = hash_page_tokens(parent_hash, tokens, namespace)
@@ -115,6 +126,7 @@ class SequencePages:
         if not self.lossy and page_id != -1 and (index == 0 or parent_serial is not None):
             serial = allocator.register(page_id, page_hash, parent_hash, tokens, parent_serial)
         self.serials.append(serial)
+        return serial is not None and allocator.cached_page(page_id) is not None
 
     def oldest_evictable(
         self, num_sink_pages: int, page_size: int, allocator: PageAllocator, exclusive: bool
@@ -128,12 +140,17 @@ class SequencePages:
         return None
 
     def check(self, page_size: int, prefix_caching: bool, name: str) -> None:
-        """Raise AssertionError when the table length, last page or hash chain is inconsistent."""
+        """Raise AssertionError when the table length, last page, written count or hash chain
+        is inconsistent."""
         if len(self.page_table) != -(-self.num_tokens // page_size):
             raise AssertionError(f"{name}: {len(self.page_table)} pages for {self.num_tokens}")
         if self.num_tokens % page_size and self.page_table[-1] == -1:
             raise AssertionError(f"{name}: partial last page was dropped")
-        full = self.num_full_pages(page_size)
+        if not 0 <= self.num_written_tokens <= self.num_tokens:
+            raise AssertionError(
+                f"{name}: {self.num_written_tokens} written of {self.num_tokens} reserved tokens"
+            )
+        full = self.num_written_tokens // page_size
         if prefix_caching and not (
             len(self.token_ids) == self.num_tokens
             and len(self.page_hashes) == full

@@ -154,6 +154,7 @@ class KVStream:
         slots = self.manager.append_slots(_SEQ, [self.num_tokens])
         k_cache, v_cache = self.pool.k_cache(0), self.pool.v_cache(0)
         write_kv(k_cache, v_cache, k[None], v[None], slots)
+        self.manager.commit_written(_SEQ)
         out = paged_attention_decode(
             q[None],
             k_cache,

@@ -46,6 +46,16 @@ def serve(
         int, typer.Option(min=1, help="Cap on a chat request's default max_tokens.")
     ] = 1024,
     seed: Annotated[int, typer.Option(min=0, help="Engine seed for unseeded requests.")] = 0,
+    long_prefill_token_threshold: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Prefill chunk: most prompt tokens one request computes per step."
+        ),
+    ] = None,
+    health_stall_s: Annotated[
+        float,
+        typer.Option(min=0.001, help="/health is a 503 after this long without progress."),
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics."""
@@ -66,6 +76,7 @@ def serve(
             served_model_name=served_model_name,
             api_key=api_key,
             default_max_tokens=default_max_tokens,
+            health_stall_s=health_stall_s,
             page_size=page_size,
             num_pages=num_pages,
             kv_cache_mib=kv_cache_mib,
@@ -75,6 +86,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_prefix_caching=prefix_caching,
+            long_prefill_token_threshold=long_prefill_token_threshold,
             seed=seed,
         )
     except (FileNotFoundError, ValueError) as exc:

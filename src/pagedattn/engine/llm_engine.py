@@ -7,6 +7,7 @@ on one loop).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Sequence as SequenceABC
@@ -22,6 +23,8 @@ from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.sequence import Sequence
 from pagedattn.sampling_params import SamplingParams
+
+logger = logging.getLogger("pagedattn.engine")
 
 
 class LLMEngine:
@@ -87,7 +90,10 @@ class LLMEngine:
         if max_model_len is None and bounded:
             max_model_len = mc.max_position_embeddings
         self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_model_len)
-        self.runner = ModelRunner(model, self.page_pool.kv, cc)
+        num_valid = None
+        if tokenizer is not None and tokenizer.vocab_size < mc.vocab_size:
+            num_valid = int(tokenizer.vocab_size)  # padded embedding rows are never sampled
+        self.runner = ModelRunner(model, self.page_pool.kv, cc, num_valid)
         self._rng = np.random.default_rng(config.seed)
         self._seq_ids = itertools.count()
 
@@ -132,6 +138,7 @@ class LLMEngine:
         prompt: str | SequenceABC[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> str:
         """Queue a request; its outputs come from later :meth:`step` calls.
 
@@ -139,6 +146,8 @@ class LLMEngine:
             prompt: text, or token ids.
             params: sampling parameters (default ``SamplingParams()``).
             request_id: unique id; None = a fresh uuid4 hex.
+            arrival_time: ``time.monotonic()`` when the request arrived (a server stamps it
+                on receipt, so TTFT and e2e latency include queueing); None = now.
 
         Returns:
             The request id. A request that can never run (see ``Scheduler.add``) is still
@@ -162,7 +171,7 @@ class LLMEngine:
             prompt_token_ids=ids,
             params=params,
             generator=make_generator(seed),
-            arrival_time=time.monotonic(),
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             text_stream=text_stream,
             max_model_len=self.scheduler.max_model_len,
             prompt=prompt if isinstance(prompt, str) else None,
@@ -173,13 +182,28 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
+        A forward that raises fails only this step's requests (finish reason "error", the
+        message in ``RequestOutput.error``); nothing they reserved enters the prefix cache.
+        A row that fails alone (NaN logits, an undecodable token...) fails only its request.
+
         Returns:
             One RequestOutput per request that produced a token or finished this step; its
             ``outputs`` are deltas (only what is new since the request's previous output).
+
+        Raises:
+            KeyboardInterrupt (and other non-``Exception`` errors) after failing the step's
+            requests; their outputs come with the next step.
         """
         batch = self.scheduler.schedule()
-        token_ids = self.runner.run(batch)
-        return self.scheduler.postprocess(batch, token_ids)
+        try:
+            sampled = self.runner.run(batch)
+        except BaseException as exc:
+            self.scheduler.fail_step(batch, f"engine step failed: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception):
+                raise
+            logger.exception("engine step failed; %d request(s) failed", len(batch.seqs))
+            return self.scheduler.take_pending()
+        return self.scheduler.postprocess(batch, sampled.token_ids, sampled.errors)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its pages are freed once; the next step returns its

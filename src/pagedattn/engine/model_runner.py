@@ -12,12 +12,13 @@ the retained tokens at positions ``0..n-1``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from pagedattn.config import CacheConfig
-from pagedattn.engine.sampler import sample
+from pagedattn.engine.sampler import sample_each
 from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.model.forward_batch import ForwardBatch
 
@@ -28,6 +29,19 @@ class Model(Protocol):
     def forward(self, batch: ForwardBatch, kv: Any) -> np.ndarray: ...
 
 
+@dataclass(frozen=True)
+class SampledTokens:
+    """What one step sampled.
+
+    Attributes:
+        token_ids: (num sampling sequences,) int64 ids in batch order; -1 in a failed row.
+        errors: row -> why that row has no token (its request fails alone).
+    """
+
+    token_ids: np.ndarray
+    errors: dict[int, str] = field(default_factory=dict)
+
+
 class ModelRunner:
     """Builds the ForwardBatch of a step, runs the model and samples.
 
@@ -36,12 +50,22 @@ class ModelRunner:
             ``(len(batch.logits_indices), vocab)``.
         kv: the KV storage passed through to the model (the page pool).
         cache_config: page size, window, sinks and position mode.
+        num_valid_tokens: the tokenizer's vocabulary size when the model's embedding has more
+            (padded) rows: logits of ids at or above it are set to -inf before sampling, so
+            such an id is never sampled; None = every id is a token.
     """
 
-    def __init__(self, model: Model, kv: Any, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        model: Model,
+        kv: Any,
+        cache_config: CacheConfig,
+        num_valid_tokens: int | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.cache_config = cache_config
+        self.num_valid_tokens = num_valid_tokens
 
     def build(self, batch: ScheduledBatch) -> ForwardBatch:
         """The ForwardBatch of a step (see :class:`ForwardBatch` for every array's layout).
@@ -88,26 +112,38 @@ class ModelRunner:
         )
 
     def logits(self, batch: ScheduledBatch) -> np.ndarray:
-        """(num sampling sequences, vocab) float32 logits of a step (runs the model once)."""
-        return np.asarray(self.model.forward(self.build(batch), self.kv))
+        """(num sampling sequences, vocab) float32 logits of a step (runs the model once);
+        padded ids (see ``num_valid_tokens``) are -inf."""
+        logits = np.asarray(self.model.forward(self.build(batch), self.kv))
+        n = self.num_valid_tokens
+        if n is not None and n < logits.shape[-1]:
+            logits = logits.copy() if not logits.flags.writeable else logits
+            logits[:, n:] = -np.inf
+        return logits
 
-    def run(self, batch: ScheduledBatch) -> np.ndarray:
+    def run(self, batch: ScheduledBatch) -> SampledTokens:
         """Run one step.
 
         Returns:
-            (len(batch.sampling_seqs),) int64 sampled token ids, in batch order; empty (and no
-            model call) when nothing samples and nothing is scheduled.
+            The sampled ids, (len(batch.sampling_seqs),) int64 in batch order, and the rows
+            that failed (NaN logits, a logits processor raising...); empty (and no model call)
+            when nothing is scheduled.
+
+        Raises:
+            Whatever the model raises: the whole step failed.
         """
         if not batch.seqs:
-            return np.zeros(0, dtype=np.int64)
+            return SampledTokens(np.zeros(0, dtype=np.int64))
         logits = self.logits(batch)
         seqs = batch.sampling_seqs
         if not seqs:
-            return np.zeros(0, dtype=np.int64)
+            return SampledTokens(np.zeros(0, dtype=np.int64))
         processed = any(s.params.logits_processors for s in seqs)
-        return sample(
+        ids, errors = sample_each(
             logits,
             [s.params for s in seqs],
             [s.generator for s in seqs],
             [s.output_token_ids for s in seqs] if processed else None,
+            self.num_valid_tokens,
         )
+        return SampledTokens(ids, errors)

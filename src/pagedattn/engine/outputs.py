@@ -10,9 +10,18 @@ from dataclasses import dataclass, field
 FINISH_STOP = "stop"  # a stop string, a stop token id or end-of-sequence
 FINISH_LENGTH = "length"  # max_tokens generated, or the request reached max_model_len
 FINISH_ABORT = "abort"  # LLMEngine.abort
+FINISH_ERROR = "error"  # this request failed (its step, its sampling row, its detokenization)
 REJECT_CONTEXT = "context_length_exceeded"  # prompt longer than max_model_len
 REJECT_CAPACITY = "cache_capacity_exceeded"  # would need more pages than the whole pool
-FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, REJECT_CONTEXT, REJECT_CAPACITY)
+FINISH_REASONS = (
+    FINISH_STOP,
+    FINISH_LENGTH,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    REJECT_CONTEXT,
+    REJECT_CAPACITY,
+)
+REJECTIONS = (REJECT_CONTEXT, REJECT_CAPACITY)
 
 
 @dataclass

@@ -70,6 +70,7 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[np.random.Generator],
     output_token_ids: Sequence[Sequence[int]] | None = None,
+    num_valid_tokens: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """Pick one token per row.
 
@@ -80,9 +81,35 @@ def sample(
             uniform number each).
         output_token_ids: per row, the tokens its request generated so far (what its
             ``logits_processors`` see); None = no row has processors.
+        num_valid_tokens: ids at or above this are never picked (padded embedding rows the
+            tokenizer has no token for), also after the logits processors; None = all.
 
     Returns:
         (num_rows,) int64 token ids.
+
+    Raises:
+        ValueError: logits not 2-D, ``params``/``generators`` lengths differ from num_rows,
+            or a row that cannot be sampled (see :func:`sample_each`).
+    """
+    ids, errors = sample_each(logits, params, generators, output_token_ids, num_valid_tokens)
+    if errors:
+        row, message = min(errors.items())
+        raise ValueError(f"logits row {row}: {message}")
+    return ids
+
+
+def sample_each(
+    logits: npt.NDArray[np.floating],
+    params: Sequence[SamplingParams],
+    generators: Sequence[np.random.Generator],
+    output_token_ids: Sequence[Sequence[int]] | None = None,
+    num_valid_tokens: int | None = None,
+) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+    """Like :func:`sample`, but a row that fails (NaN or +inf logits, every id masked, a
+    logits processor raising) fails alone.
+
+    Returns:
+        ``(token_ids, errors)``: (num_rows,) int64 ids (-1 in failed rows) and row -> message.
 
     Raises:
         ValueError: logits not 2-D, or ``params``/``generators`` lengths differ from num_rows.
@@ -94,23 +121,41 @@ def sample(
         raise ValueError(
             f"params, generators: expected {n} entries each, got {len(params)}, {len(generators)}"
         )
-    out = np.empty(n, dtype=np.int64)
+    if params and any(p.logits_processors for p in params) and output_token_ids is None:
+        raise ValueError("output_token_ids: needed by rows with logits_processors")
+    out = np.full(n, -1, dtype=np.int64)
+    errors: dict[int, str] = {}
     for i, (row_params, gen) in enumerate(zip(params, generators, strict=True)):
-        row = logits[i]
-        if row_params.logits_processors:
-            if output_token_ids is None:
-                raise ValueError("output_token_ids: needed by rows with logits_processors")
-            row = row.copy()
-            for proc in row_params.logits_processors:
-                row = proc(output_token_ids[i], row)
-        if row_params.greedy:
-            out[i] = int(np.argmax(row))
-            continue
-        p = sampling_probs(row, row_params)
-        cdf = np.cumsum(p)
-        u = gen.random() * cdf[-1]
-        idx = int(np.searchsorted(cdf, u, side="right"))
-        # cdf[idx - 1] <= u < cdf[idx] picks a token with p > 0; u rounding up to cdf[-1]
-        # falls back to the last token in the support.
-        out[i] = min(idx, int(np.flatnonzero(p)[-1]))
-    return out
+        try:
+            history = output_token_ids[i] if output_token_ids is not None else ()
+            out[i] = _sample_row(logits[i], row_params, gen, history, num_valid_tokens)
+        except Exception as exc:  # one request's row: it fails alone
+            errors[i] = f"{type(exc).__name__}: {exc}"
+    return out, errors
+
+
+def _sample_row(
+    row: npt.NDArray[np.floating],
+    params: SamplingParams,
+    gen: np.random.Generator,
+    history: Sequence[int],
+    num_valid_tokens: int | None,
+) -> int:
+    for proc in params.logits_processors:
+        row = proc(history, row.copy())
+    if num_valid_tokens is not None and num_valid_tokens < row.shape[0]:
+        row = row.copy()
+        row[num_valid_tokens:] = -np.inf
+    if np.isnan(row).any() or np.isposinf(row).any():
+        raise ValueError("the logits row holds NaN or +inf")
+    if not np.isfinite(row).any():
+        raise ValueError("every token id is masked (all logits are -inf)")
+    if params.greedy:
+        return int(np.argmax(row))
+    p = sampling_probs(row, params)
+    cdf = np.cumsum(p)
+    u = gen.random() * cdf[-1]
+    idx = int(np.searchsorted(cdf, u, side="right"))
+    # cdf[idx - 1] <= u < cdf[idx] picks a token with p > 0; u rounding up to cdf[-1]
+    # falls back to the last token in the support.
+    return min(idx, int(np.flatnonzero(p)[-1]))

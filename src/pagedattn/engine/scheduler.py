@@ -5,29 +5,46 @@ The shape follows vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``; Yu e
 OSDI 2022 for iteration-level batching; Agrawal et al., "Sarathi-Serve", OSDI 2024 for chunked
 prefill mixed with decodes). Each sequence only tracks ``num_computed_tokens``; each step:
 
-1. running sequences, oldest first, get ``min(uncomputed tokens, budget left)`` new tokens
-   (1 for a decode, a chunk for a prompt). When pages run out the newest running sequence is
-   preempted: its pages are freed, it goes back to the front of the waiting queue with its
-   generated tokens and is recomputed later, reusing whatever of its prefix is still cached.
-   The newest running sequence shrinks its chunk to the pages left instead of preempting itself
-   when it can still make progress.
+1. running sequences, oldest first, get their next piece: 1 token for a decode, for a prompt
+   the tokens up to the next multiple of ``prefill_chunk_size`` (vLLM's long-prefill
+   threshold: a long prompt never takes more than that from the streams, and its chunk
+   boundaries depend only on its own length). A piece larger than the budget left waits for a
+   later step. When pages run out the newest running sequence is preempted: its pages are
+   freed, it goes back to the front of the waiting queue with its generated tokens and is
+   recomputed later, reusing whatever of its prefix is still cached. The newest running
+   sequence shrinks its chunk to the pages left instead of preempting itself when it can
+   still make progress.
 2. if nothing was preempted, waiting sequences are admitted in arrival order while sequences,
-   budget and pages allow; each reuses every full cached page of its prefix.
+   budget and pages allow; each reuses every full cached page of its prefix. A resumed
+   (preempted) sequence takes its arrival-order place in the running list, so it runs, and
+   is preempted, as the older request it is.
+
+After the model ran, :meth:`Scheduler.postprocess` first commits the step's KV
+(:meth:`Scheduler.commit_written`, the only point where pages enter the prefix index); a step
+whose forward raised is failed instead (:meth:`Scheduler.fail_step`): only its requests end,
+with an error, and nothing they reserved was ever made visible.
 
 A request that can never fit is rejected at once (see :meth:`Scheduler.add`).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
-from pagedattn.engine.outputs import FINISH_ABORT, REJECT_CAPACITY, REJECT_CONTEXT, RequestOutput
+from pagedattn.engine.outputs import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    REJECT_CAPACITY,
+    REJECT_CONTEXT,
+    RequestOutput,
+)
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.stats import SchedulerStats
@@ -167,7 +184,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._piece(seq)
+            if n > budget:  # waits for a step with room for its whole chunk
+                i += 1
+                continue
             while not self.cache.can_append(seq.seq_id, n) and seq is not self.running[-1]:
                 self._preempt(self.running.pop())
                 preempted = True
@@ -190,16 +210,35 @@ class Scheduler:
         page_tables = self.cache.page_tables([s.seq.seq_id for s in scheduled])
         return ScheduledBatch(seqs=scheduled, page_tables=page_tables)
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: np.ndarray) -> list[RequestOutput]:
-        """Advance the scheduled sequences, append sampled tokens, finish and free.
+    def commit_written(self, batch: ScheduledBatch) -> None:
+        """The step's commit point: its forward succeeded, so every scheduled sequence's KV is
+        written up to its new ``num_computed_tokens`` and its full pages enter the prefix index
+        (:meth:`CacheManager.commit_written`). Called by :meth:`postprocess`, never for a
+        failed step."""
+        for item in batch.seqs:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.cache.commit_written(item.seq.seq_id, item.seq.num_computed_tokens)
+
+    def postprocess(
+        self,
+        batch: ScheduledBatch,
+        token_ids: np.ndarray,
+        row_errors: Mapping[int, str] | None = None,
+    ) -> list[RequestOutput]:
+        """Commit the step (:meth:`commit_written`), append sampled tokens, finish and free.
+
+        A request whose own row failed (``row_errors``) or whose token cannot be turned into
+        text (a detokenizer or stop-string error) finishes with reason "error" and that
+        message; the other requests are unaffected.
 
         Args:
             batch: what :meth:`schedule` returned.
             token_ids: (len(batch.sampling_seqs),) int sampled ids, in batch order.
+            row_errors: row index into ``token_ids`` -> why that row has no token.
 
         Returns:
-            Outputs finished outside the step (rejections, aborts) first, then one output per
-            sequence that sampled a token, in batch order.
+            Outputs finished outside the step (rejections, aborts, failed steps) first, then
+            one output per sequence that sampled a token, in batch order.
 
         Raises:
             ValueError: ``token_ids`` of the wrong length.
@@ -208,26 +247,59 @@ class Scheduler:
             raise ValueError(
                 f"token_ids: expected ({len(batch.sampling_seqs)},) ids, got {len(token_ids)}"
             )
+        self.commit_written(batch)
         now = time.monotonic()
-        outputs, self._pending = self._pending, []
-        sampled = iter(int(t) for t in token_ids)
+        outputs = self.take_pending()
+        errors = row_errors or {}
+        row = 0
         for item in batch.seqs:
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
             if not item.samples:
                 continue
-            seq.append_token(next(sampled), self.eos_token_ids, now)
-            self.stats.num_generation_tokens += 1
+            error = errors.get(row)
+            if error is None:
+                try:
+                    seq.append_token(int(token_ids[row]), self.eos_token_ids, now)
+                    self.stats.num_generation_tokens += 1
+                except Exception as exc:  # this request's text, not the step's
+                    error = f"token {int(token_ids[row])}: {type(exc).__name__}: {exc}"
+            row += 1
+            if error is not None:
+                seq.finish(FINISH_ERROR, now, error=error)
             if seq.is_finished:
-                self.running.remove(seq)
-                self.cache.free_sequence(seq.seq_id)
-                del self._requests[seq.request_id]
-                assert seq.finish_reason is not None
-                self.stats.num_finished[seq.finish_reason] += 1
+                self._retire(seq)
             outputs.append(seq.take_output())
         if batch.seqs:
             self.stats.record_step(len(batch.seqs), batch.num_tokens)
         return outputs
+
+    def fail_step(self, batch: ScheduledBatch, error: str) -> None:
+        """The step's forward raised: finish each of its requests with reason "error".
+
+        Nothing is rolled back because nothing was committed: the pages they reserved this
+        step never entered the prefix index and go back to the pool as empty pages. Their
+        final outputs come from the next :meth:`postprocess` or :meth:`take_pending`.
+        """
+        now = time.monotonic()
+        for item in batch.seqs:
+            seq = item.seq
+            if seq.is_finished:
+                continue
+            seq.finish(FINISH_ERROR, now, error=error)
+            self._retire(seq)
+            self._pending.append(seq.take_output())
+
+    def take_pending(self) -> list[RequestOutput]:
+        """Outputs of requests finished outside a step (rejections, aborts, failed steps)."""
+        outputs, self._pending = self._pending, []
+        return outputs
+
+    def _retire(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.cache.free_sequence(seq.seq_id)
+        del self._requests[seq.request_id]
+        assert seq.finish_reason is not None
+        self.stats.num_finished[seq.finish_reason] += 1
 
     # ---- internals -------------------------------------------------------------------------
     def _reserve(self, seq: Sequence, n: int) -> ScheduledSeq:
@@ -246,14 +318,22 @@ class Scheduler:
                 hi = mid - 1
         return lo
 
+    def _piece(self, seq: Sequence, start: int | None = None) -> int:
+        """Tokens the sequence computes next: to its end, or to the next chunk boundary (a
+        multiple of ``prefill_chunk_size``) when chunked prefill is on or it resumes."""
+        start = seq.num_computed_tokens if start is None else start
+        if not self.config.enable_chunked_prefill and seq.num_preemptions == 0:
+            return seq.num_tokens - start
+        chunk = self.config.prefill_chunk_size
+        return min(seq.num_tokens, (start // chunk + 1) * chunk) - start
+
     def _admit(self, seq: Sequence, budget: int) -> ScheduledSeq | None:
         num_cached = self.cache.add_sequence(seq.seq_id, seq.token_ids)
-        n = seq.num_tokens - num_cached
+        n = self._piece(seq, num_cached)
         whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
-        if whole and n > budget:
+        if n > budget:
             self.cache.free_sequence(seq.seq_id)
             return None
-        n = min(n, budget)
         if not self.cache.can_append(seq.seq_id, n) and not self.running and not whole:
             n = self._fitting_chunk(seq, n)  # alone: progress in smaller chunks
         if n == 0 or not self.cache.can_append(seq.seq_id, n):
@@ -262,7 +342,9 @@ class Scheduler:
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_cached
-        self.running.append(seq)
+        # arrival order (seq ids grow with arrival): a resumed sequence is older than the
+        # requests admitted while it waited
+        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
         if seq.metrics.first_scheduled_time is None:
             seq.metrics.first_scheduled_time = time.monotonic()
             seq.num_cached_tokens = num_cached

@@ -117,10 +117,6 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
-
-    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
@@ -158,13 +154,16 @@ class Sequence:
             self.finish(FINISH_LENGTH, now)
 
     def finish(self, reason: str, now: float, error: str | None = None) -> None:
-        """Mark finished; held-back text is released unless a stop string matched."""
+        """Mark finished; held-back text is released unless a stop string matched or the
+        request failed (``error``: the text stream may be what failed)."""
         if self.is_finished:
             return
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.error = error
         self.metrics.finish_time = now
+        if error is not None:
+            return
         if not self._stop.stopped and self.text_stream is not None:
             # Unless a stop string matched, the detokenizer's held-back unfinished character is
             # the last text; it may itself complete a stop string (then cut, reason unchanged).

@@ -29,6 +29,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": p.ErrorResponse},
     404: {"model": p.ErrorResponse},
     500: {"model": p.ErrorResponse},
+    503: {"model": p.ErrorResponse},
 }
 
 
@@ -38,9 +39,11 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     default_max_tokens: int = 1024,
+    health_stall_s: float = 60.0,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
-    request when the ASGI server runs no lifespan) and stops at shutdown.
+    request when the ASGI server runs no lifespan) and stops at shutdown; it is never
+    restarted (a dead engine makes ``/health`` and every request a 503).
 
     Args:
         engine: the engine to serve; from now on only the engine thread may touch it.
@@ -48,18 +51,20 @@ def create_app(
         api_key: when set, the Bearer token every route but ``/health`` requires.
         default_max_tokens: cap on the chat default ``max_tokens`` (see
             :mod:`pagedattn.server.serving`).
+        health_stall_s: ``/health`` is a 503 when requests are pending and the engine made
+            no progress for this many seconds.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
         the metrics registry.
     """
     metrics = ServerMetrics(lambda: async_engine.stats, model_name)
-    async_engine = AsyncEngine(engine, metrics)
+    async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
     serving = OpenAIServing(async_engine, model_name, default_max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async_engine.start()
+        async_engine.start(after_stop=True)
         try:
             yield
         finally:
@@ -87,10 +92,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while the engine thread runs, 503 otherwise."""
-        async_engine.start()
-        if not async_engine.is_running:
-            return JSONResponse(error_body(503, "engine loop is not running"), status_code=503)
+        """200 while the engine thread runs and makes progress; 503 when it is dead or made
+        no progress for ``health_stall_s`` with requests pending. Never starts anything."""
+        problem = async_engine.health()
+        if problem is not None:
+            body = error_body(503, problem, code="engine_unavailable")
+            return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", dependencies=auth)
@@ -132,6 +139,7 @@ def build_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     default_max_tokens: int = 1024,
+    health_stall_s: float = 60.0,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model and build its app (what ``pagedattn serve`` runs).
@@ -140,7 +148,7 @@ def build_app(
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
         served_model_name: the name clients use; None = the file or folder name without
             extension (the embedded model: ``SmolLM2-135M-Instruct``).
-        api_key, default_max_tokens: see :func:`create_app`.
+        api_key, default_max_tokens, health_stall_s: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -160,4 +168,5 @@ def build_app(
         model_name=served_model_name,
         api_key=api_key,
         default_max_tokens=default_max_tokens,
+        health_stall_s=health_stall_s,
     )

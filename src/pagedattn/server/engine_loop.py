@@ -6,6 +6,12 @@ travel to the engine thread through ``queue.Queue``; each step's :class:`Request
 back to the event loop that submitted the request with ``loop.call_soon_threadsafe`` into that
 request's ``asyncio.Queue``. The engine thread steps while any request is unfinished and blocks
 on the command queue when idle (no polling).
+
+Failure: a step whose forward raises fails only its own requests (``LLMEngine.step``); an
+error escaping the engine thread itself ends it, and every request in flight (and every later
+one) gets :class:`EngineDeadError` at once, never a hang. Nothing restarts the thread: one
+engine thread is started once, and :meth:`AsyncEngine.stop` never lets a second one drive the
+same engine (a thread that outlives its stop timeout stays the only driver).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +34,7 @@ logger = logging.getLogger("pagedattn.server")
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread is not running (stopped, or never started)."""
+    """The engine thread is not running (stopped, died, or never started): a 503."""
 
 
 @dataclass
@@ -43,6 +50,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     sink: _Sink
+    arrival_time: float | None = None
 
 
 @dataclass
@@ -59,41 +67,77 @@ class AsyncEngine:
     Args:
         engine: the engine; after :meth:`start` only the engine thread touches it.
         metrics: histograms to observe (TTFT, inter-token latency, e2e, per-step batch), or None.
+        stall_timeout_s: :meth:`health` reports a stall when work is pending and the engine
+            thread finished no loop iteration for this many seconds.
     """
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        metrics: ServerMetrics | None = None,
+        stall_timeout_s: float = 60.0,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.stall_timeout_s = stall_timeout_s
         self._commands: queue.Queue[Any] = queue.Queue()
-        self._sinks: dict[str, _Sink] = {}
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._inflight: dict[str, _Sink] = {}  # under _lock: submitted, not yet finished
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False  # stop() was called, or the thread died
+        self.death: str | None = None  # why the engine thread died
         self._stats: dict[str, Any] = engine.get_stats()
+        self._last_progress = time.monotonic()
         self.num_step_errors = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the engine thread (idempotent)."""
+    def start(self, *, after_stop: bool = False) -> None:
+        """Start the engine thread if it was never started. With ``after_stop`` (an app's
+        lifespan starting again) also when a previous thread was stopped and has exited.
+        A thread that died is never restarted (its engine state is unknown), and a thread
+        still running blocks any second one.
+        """
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
+            old = self._thread
+            restart = after_stop and old is not None and not old.is_alive() and self.death is None
+            if (old is None and not self._closed) or restart:
+                self._closed = False
                 self._thread = threading.Thread(
                     target=self._run, name="pagedattn-engine", daemon=True
                 )
                 self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Abort every request, stop the engine thread and wait for it (at most ``timeout_s``)."""
-        thread = self._thread
+        """Abort every request, stop the engine thread and wait for it (at most ``timeout_s``;
+        a thread still busy after that finishes its step and exits on its own, and no other
+        thread is ever started for this engine)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
         if thread is None:
             return
         self._commands.put(_STOP)
         thread.join(timeout_s)
-        self._thread = None
+        if thread.is_alive():
+            logger.warning("engine thread still busy %.1f s after stop()", timeout_s)
 
     @property
     def is_running(self) -> bool:
-        """True while the engine thread is alive."""
-        return self._thread is not None and self._thread.is_alive()
+        """True while the engine thread is alive and not stopping."""
+        return self._thread is not None and self._thread.is_alive() and not self._closed
+
+    def health(self) -> str | None:
+        """None when healthy, else why not: the engine thread is not running, or work is
+        pending and it made no progress for ``stall_timeout_s`` seconds."""
+        if not self.is_running:
+            return self.death or "the engine loop is not running"
+        with self._lock:
+            pending = bool(self._inflight)
+        idle_s = time.monotonic() - self._last_progress
+        if pending and idle_s > self.stall_timeout_s:
+            return f"the engine made no progress for {idle_s:.1f} s with requests pending"
+        return None
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -102,22 +146,34 @@ class AsyncEngine:
 
     # ---- requests (event-loop side) --------------------------------------------------------
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request and yield its outputs until the finished one.
 
         Leaving the iteration early (the client went away, the task was cancelled) aborts the
         request, which frees its pages.
 
+        Args:
+            arrival_time: ``time.monotonic()`` when the server received the request.
+
         Raises:
-            EngineDeadError: the engine thread is not running.
+            EngineDeadError: the engine thread is not running, or died while this request ran.
             ValueError: the engine refused the request (e.g. a request id already in use).
-            RuntimeError: the engine failed while running this request.
+            RuntimeError: the engine loop failed while running this request.
         """
-        if not self.is_running:
-            raise EngineDeadError("the engine loop is not running")
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, sink))
+        with self._lock:
+            if not self.is_running:
+                raise EngineDeadError(self.death or "the engine loop is not running")
+            if not self._inflight:
+                self._last_progress = time.monotonic()  # work starts now
+            self._inflight[request_id] = sink
+        add = _Add(request_id, list(prompt_token_ids), params, sink, arrival_time)
+        self._commands.put(add)
         finished = False
         try:
             while True:
@@ -130,6 +186,8 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
+            with self._lock:
+                self._inflight.pop(request_id, None)
             if not finished:
                 self.abort(request_id)
 
@@ -139,6 +197,20 @@ class AsyncEngine:
 
     # ---- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            logger.exception("the engine thread died")
+            self.death = f"the engine thread died: {type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._closed = True
+                orphans = list(self._inflight.values())
+            dead = EngineDeadError(self.death or "the engine loop stopped")
+            for sink in orphans:  # nobody will answer them: fail them now
+                self._deliver(sink, dead)
+
+    def _loop(self) -> None:
         engine = self.engine
         while True:
             block = not engine.has_unfinished_requests()
@@ -157,13 +229,19 @@ class AsyncEngine:
                     command = None
             if engine.has_unfinished_requests():
                 self._step()
+            self._last_progress = time.monotonic()
 
     def _apply(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             self.engine.abort(command.request_id)
             return
         try:
-            self.engine.add_request(command.prompt_token_ids, command.params, command.request_id)
+            self.engine.add_request(
+                command.prompt_token_ids,
+                command.params,
+                command.request_id,
+                arrival_time=command.arrival_time,
+            )
         except ValueError as exc:
             self._deliver(command.sink, exc)
             return
@@ -173,7 +251,8 @@ class AsyncEngine:
         num_steps = self._stats.get("num_steps", 0)
         try:
             outputs = self.engine.step()
-        except Exception as exc:  # keep serving: fail the requests in flight, not the server
+        except Exception as exc:  # outside the forward (scheduling, bookkeeping): keep
+            # serving, fail the requests in flight
             logger.exception("engine step failed; aborting %d request(s)", len(self._sinks))
             self.num_step_errors += 1
             error = RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}")
@@ -187,6 +266,9 @@ class AsyncEngine:
             self.metrics.observe_step(
                 self._stats["last_step_num_tokens"], self._stats["last_step_num_seqs"]
             )
+        self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             sink = self._sinks.get(out.request_id)
             if sink is None:
@@ -214,8 +296,5 @@ class AsyncEngine:
         for request_id in list(self._sinks):
             self._safe_abort(request_id)
         while self.engine.has_unfinished_requests():  # return the aborts' final outputs
-            for out in self.engine.step():
-                gone = self._sinks.pop(out.request_id, None)
-                if gone is not None:
-                    self._deliver(gone, out)
+            self._dispatch(self.engine.step())
         self._stats = self.engine.get_stats()

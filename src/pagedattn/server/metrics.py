@@ -10,16 +10,22 @@ thread as outputs arrive:
   ``num_pages``;
 - counters (``_total``): ``prompt_tokens``, ``generation_tokens``, ``prefix_cache_queries``
   and ``prefix_cache_hits`` (tokens; a recompute after preemption is neither), ``num_preemptions``,
-  ``request_success{finished_reason}`` (every finished request by engine finish reason),
+  ``request_success{finished_reason}`` (every finished request by finish reason: "stop" and
+  "length" completed, "abort", "error" and the rejections ``context_length_exceeded`` /
+  ``cache_capacity_exceeded`` each their own, the rejections counted whether the server
+  refused the request before the engine saw it or the engine did),
   ``page_evictions{reason}`` (lru / sliding_window / lossy);
 - histograms: ``time_to_first_token_seconds`` (first token time - arrival, once per request
   that produced a token), ``inter_token_latency_seconds`` (gap between consecutive tokens of a
-  request), ``e2e_request_latency_seconds`` (finish - arrival, every request that was
-  scheduled), ``iteration_tokens_total`` and ``iteration_num_seqs`` (per model step).
+  request: one per generated token after a request's first), ``e2e_request_latency_seconds``
+  (finish - arrival, every request that was scheduled), ``iteration_tokens_total`` and
+  ``iteration_num_seqs`` (per model step). Arrival is when the server received the request,
+  so TTFT and e2e include the time it queued behind running steps.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -138,7 +144,14 @@ class ServerMetrics:
 
     def __init__(self, stats_fn: Callable[[], Mapping[str, Any]], model_name: str) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(EngineStatsCollector(stats_fn, model_name))
+        self.rejected: Counter[str] = Counter()  # refused by the server before the engine
+
+        def stats() -> Mapping[str, Any]:
+            s = dict(stats_fn())
+            s["num_finished"] = Counter(s["num_finished"]) + self.rejected
+            return s
+
+        self.registry.register(EngineStatsCollector(stats, model_name))
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             h = Histogram(
@@ -161,6 +174,10 @@ class ServerMetrics:
         self.iteration_num_seqs = hist(
             "iteration_num_seqs", "Sequences per model step.", BATCH_BUCKETS
         ).labels(model_name)
+
+    def count_rejection(self, reason: str) -> None:
+        """A request the server refused before the engine saw it, by finish reason."""
+        self.rejected[reason] += 1
 
     def observe_step(self, num_tokens: int, num_seqs: int) -> None:
         """One model step's batch size, in new tokens and in sequences."""

@@ -16,20 +16,22 @@ Request rules (each violation is a 400 with an OpenAI error body, before the eng
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.engine.outputs import RequestOutput
+from pagedattn.engine.outputs import REJECTIONS, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
-from pagedattn.server.engine_loop import AsyncEngine
+from pagedattn.server.engine_loop import AsyncEngine, EngineDeadError
 from pagedattn.server.errors import APIError, error_body, value_error
-from pagedattn.server.sse import finish_reason_of, sse_events, usage_of
+from pagedattn.server.sse import failure_of, finish_reason_of, sse_events, usage_of
 
 DISCONNECT_POLL_S = 0.25
 
@@ -189,19 +191,35 @@ class OpenAIServing:
         self, raw: Request, req: p.CompletionRequest | p.ChatCompletionRequest
     ) -> JSONResponse | StreamingResponse:
         """Run a validated request and answer it (JSON, or SSE when ``stream``)."""
+        arrival_time = time.monotonic()  # TTFT and e2e latency include all queueing
         chat = isinstance(req, p.ChatCompletionRequest)
-        prepared = self.prepare_chat(req) if chat else self.prepare_completion(req)  # type: ignore[arg-type]
+        prepare: Any = self.prepare_chat if chat else self.prepare_completion
+        # tokenising and template rendering of a long prompt must not block the event loop
+        try:
+            prepared: Prepared = await run_in_threadpool(prepare, req)
+        except APIError as exc:
+            metrics = self.async_engine.metrics
+            if exc.code in REJECTIONS and metrics is not None:
+                metrics.count_rejection(exc.code)
+            raise
         self.async_engine.start()
+        if not self.async_engine.is_running:
+            raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
         request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
-        outputs = self.async_engine.generate(prepared.prompt_token_ids, prepared.params, request_id)
+        outputs = self.async_engine.generate(
+            prepared.prompt_token_ids, prepared.params, request_id, arrival_time
+        )
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             body = sse_events(outputs, request_id, self.model_name, chat, usage)
             return StreamingResponse(body, media_type="text/event-stream")
-        final, text, num_generated = await _collect(raw, outputs)
+        try:
+            final, text, num_generated = await _collect(raw, outputs)
+        except EngineDeadError as exc:
+            raise _unavailable(exc) from exc
         if final is None:  # the client went away; the request was aborted
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
-        _raise_rejection(final)
+        _raise_failure(final)
         usage_ = usage_of(final, num_generated)
         reason = finish_reason_of(final)
         created = p.now_s()
@@ -232,9 +250,15 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _raise_rejection(out: RequestOutput) -> None:
-    if out.error is not None:
-        raise APIError(400, out.error, code=out.outputs[0].finish_reason)
+def _unavailable(exc: EngineDeadError) -> APIError:
+    return APIError(503, str(exc), code="engine_unavailable")
+
+
+def _raise_failure(out: RequestOutput) -> None:
+    """Raise the error response of a request that did not complete (see :func:`failure_of`)."""
+    failure = failure_of(out)
+    if failure is not None:
+        raise failure
 
 
 async def _collect(
