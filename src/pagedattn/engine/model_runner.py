@@ -149,14 +149,14 @@ class ModelRunner:
         for s in batch.seqs:
             positions = self.prompt_rows(s)
             if positions:
-                lps = log_softmax(logits[row : row + len(positions)])
                 ids = s.seq.token_ids
                 num_top = s.seq.params.prompt_logprobs or 0
+                # One row at a time: a float64 copy of every prompt row would double the memory.
                 prompt_logprobs[s.seq.seq_id] = (
                     positions.start + 1,
                     [
-                        token_logprobs(lp, ids[p + 1], num_top)
-                        for p, lp in zip(positions, lps, strict=True)
+                        token_logprobs(log_softmax(logits[row + j]), ids[p + 1], num_top)
+                        for j, p in enumerate(positions)
                     ],
                 )
                 row += len(positions)
