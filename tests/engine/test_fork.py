@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from tests.engine.helpers import (
     assert_all_pages_free,
@@ -169,4 +170,42 @@ def test_abort_and_fork_without_pages_and_preemption_keep_the_pool_consistent() 
     assert engine.abort("a")
     (out,) = engine.step()
     assert out.finished and all(c.finish_reason == "abort" for c in out.outputs)
+    assert_all_pages_free(engine)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_workload_with_forks_preemption_and_chunks_equals_solo_runs(seed: int) -> None:
+    model = tiny_model()
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    engine = make_engine(model, page_size=4, num_pages=12, max_num_batched_tokens=16)
+    arrivals: dict[int, list[tuple[str, Any, SamplingParams]]] = {}
+    requests = []
+    for r in range(6):
+        prompt = rng.integers(3, vocab, int(rng.integers(3, 15))).tolist()
+        n = int(rng.integers(1, 4))
+        params = SamplingParams(
+            n=n,
+            temperature=1.0,
+            seed=100 * r,
+            max_tokens=int(rng.integers(1, 7)),
+            ignore_eos=True,
+            logprobs=int(rng.integers(0, 3)) if r % 2 else None,
+        )
+        arrivals.setdefault(int(rng.integers(0, 4)), []).append((f"r{r}", prompt, params))
+        requests.append((f"r{r}", prompt, params))
+    outs = drain(engine, arrivals)
+    for rid, prompt, params in requests:
+        final = _final(outs[rid])
+        assert final.finished and [c.index for c in final.outputs] == list(range(params.n))
+        for i, c in enumerate(final.outputs):
+            alone = SamplingParams(
+                temperature=1.0,
+                seed=params.seed + i,  # type: ignore[operator]
+                max_tokens=params.max_tokens,
+                ignore_eos=True,
+            )
+            assert c.token_ids == solo(model, prompt, alone)
+            assert c.logprobs is None or len(c.logprobs) == len(c.token_ids)
+    assert engine.scheduler.stats.num_preemptions > 0  # the pool is small enough to preempt
     assert_all_pages_free(engine)
