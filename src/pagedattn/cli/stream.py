@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from pagedattn.engine.llm_engine import LLMEngine
-    from pagedattn.engine.model_runner import ModelRunner, SampledTokens
+    from pagedattn.engine.model_runner import ModelRunner
+    from pagedattn.engine.sampler_output import SamplerOutput
     from pagedattn.sampling_params import SamplingParams
 
 
@@ -24,7 +25,7 @@ class _PeakPages:
         self.runner = engine.runner
         self.peak = 0
 
-    def run(self, batch: Any) -> SampledTokens:
+    def run(self, batch: Any) -> SamplerOutput:
         manager = self.engine.cache_manager
         self.peak = max(self.peak, manager.num_pages - manager.allocator.num_free_pages)
         return self.runner.run(batch)

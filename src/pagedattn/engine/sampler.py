@@ -1,10 +1,12 @@
 """Sampler: one token id per logits row, with per-row SamplingParams and random generators.
 
-Greedy rows take the exact argmax of the float32 logits. Other rows are sampled from
-``softmax(logits / temperature)`` computed in float64 with max subtraction (so tiny temperatures
-never produce NaN), restricted first by top-k, then by top-p (nucleus, Holtzman et al. 2019,
-arXiv 1904.09751), the order vLLM and HF transformers use. Each row draws exactly one uniform
-number from its own generator, so a seeded request's tokens do not depend on the rest of the batch.
+Each row first goes through :func:`pagedattn.engine.penalties.apply_logits_processing`
+(logits processors, min_tokens, logit_bias, penalties). Greedy rows then take the exact argmax.
+Other rows are sampled from ``softmax(logits / temperature)`` computed in float64 with max
+subtraction (so tiny temperatures never produce NaN), restricted by min-p (Nguyen et al. 2024,
+arXiv 2407.01082), then top-k, then top-p (nucleus, Holtzman et al. 2019, arXiv 1904.09751), the
+order of vLLM v1's sampler. Each row draws exactly one uniform number from its own generator, so
+a seeded request's tokens do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,24 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from pagedattn.engine.penalties import apply_logits_processing, needs_processing
 from pagedattn.sampling_params import SamplingParams
+
+
+def mask_padded_vocab(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Set the logits of ids >= ``vocab_size`` (padded embedding rows past the tokenizer's
+    vocabulary) to -inf, in place, so they are never sampled nor listed in logprobs.
+
+    Args:
+        logits: (num_rows, model_vocab) float logits.
+        vocab_size: the tokenizer's vocabulary size.
+
+    Returns:
+        ``logits`` itself.
+    """
+    if logits.shape[-1] > vocab_size:
+        logits[..., vocab_size:] = -np.inf
+    return logits
 
 
 def make_generator(seed: int) -> np.random.Generator:
@@ -42,9 +61,14 @@ def sampling_probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> 
     x = logits.astype(np.float64)
     # Subtract the max before dividing: (x - max) / T <= 0, so even T = 5e-324 gives -inf at
     # worst (exp -> 0), never inf - inf = NaN.
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         x = (x - x.max()) / params.temperature
+    x[np.isnan(x)] = -np.inf  # -inf - max (masked ids)
     vocab = x.shape[0]
+    if params.min_p > 0.0:
+        # p_j / p_max = exp(x_j - x_max) = exp(x_j) (x_max = 0): keep p_j >= min_p * p_max.
+        with np.errstate(divide="ignore"):
+            x[x < np.log(params.min_p)] = -np.inf
     if 0 < params.top_k < vocab:
         # Exactly top_k survivors (ties broken by argpartition's order).
         keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
@@ -70,19 +94,22 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[np.random.Generator],
     output_token_ids: Sequence[Sequence[int]] | None = None,
-    num_valid_tokens: int | None = None,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    eos_token_ids: Sequence[int] = (),
 ) -> npt.NDArray[np.int64]:
     """Pick one token per row.
 
     Args:
-        logits: (num_rows, vocab) float32 (or float64) logits.
+        logits: (num_rows, vocab) float32 (or float64) logits; padded ids already masked
+            (:func:`mask_padded_vocab`).
         params: one SamplingParams per row.
         generators: one random generator per row (only non-greedy rows draw from it, one
             uniform number each).
         output_token_ids: per row, the tokens its request generated so far (what its
-            ``logits_processors`` see); None = no row has processors.
-        num_valid_tokens: ids at or above this are never picked (padded embedding rows the
-            tokenizer has no token for), also after the logits processors; None = all.
+            ``logits_processors``, min_tokens and penalties see); None = no row needs them.
+        prompt_token_ids: per row, its prompt (the repetition penalty sees it); None = no row
+            has a repetition penalty.
+        eos_token_ids: ids masked while a row's ``min_tokens`` is not reached.
 
     Returns:
         (num_rows,) int64 token ids.
@@ -91,7 +118,9 @@ def sample(
         ValueError: logits not 2-D, ``params``/``generators`` lengths differ from num_rows,
             or a row that cannot be sampled (see :func:`sample_each`).
     """
-    ids, errors = sample_each(logits, params, generators, output_token_ids, num_valid_tokens)
+    ids, errors = sample_each(
+        logits, params, generators, output_token_ids, prompt_token_ids, eos_token_ids
+    )
     if errors:
         row, message = min(errors.items())
         raise ValueError(f"logits row {row}: {message}")
@@ -103,7 +132,8 @@ def sample_each(
     params: Sequence[SamplingParams],
     generators: Sequence[np.random.Generator],
     output_token_ids: Sequence[Sequence[int]] | None = None,
-    num_valid_tokens: int | None = None,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    eos_token_ids: Sequence[int] = (),
 ) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
     """Like :func:`sample`, but a row that fails (NaN or +inf logits, every id masked, a
     logits processor raising) fails alone.
@@ -121,31 +151,29 @@ def sample_each(
         raise ValueError(
             f"params, generators: expected {n} entries each, got {len(params)}, {len(generators)}"
         )
-    if params and any(p.logits_processors for p in params) and output_token_ids is None:
-        raise ValueError("output_token_ids: needed by rows with logits_processors")
     out = np.full(n, -1, dtype=np.int64)
     errors: dict[int, str] = {}
     for i, (row_params, gen) in enumerate(zip(params, generators, strict=True)):
         try:
-            history = output_token_ids[i] if output_token_ids is not None else ()
-            out[i] = _sample_row(logits[i], row_params, gen, history, num_valid_tokens)
+            row = logits[i]
+            if needs_processing(row_params):
+                if output_token_ids is None:
+                    raise ValueError("output_token_ids: needed by rows with logits processing")
+                if prompt_token_ids is None and row_params.repetition_penalty != 1.0:
+                    raise ValueError("prompt_token_ids: needed by rows with a repetition_penalty")
+                prompt = () if prompt_token_ids is None else prompt_token_ids[i]
+                row = apply_logits_processing(
+                    row, row_params, prompt, output_token_ids[i], eos_token_ids
+                )
+            out[i] = _sample_row(row, row_params, gen)
         except Exception as exc:  # one request's row: it fails alone
             errors[i] = f"{type(exc).__name__}: {exc}"
     return out, errors
 
 
 def _sample_row(
-    row: npt.NDArray[np.floating],
-    params: SamplingParams,
-    gen: np.random.Generator,
-    history: Sequence[int],
-    num_valid_tokens: int | None,
+    row: npt.NDArray[np.floating], params: SamplingParams, gen: np.random.Generator
 ) -> int:
-    for proc in params.logits_processors:
-        row = proc(history, row.copy())
-    if num_valid_tokens is not None and num_valid_tokens < row.shape[0]:
-        row = row.copy()
-        row[num_valid_tokens:] = -np.inf
     if np.isnan(row).any() or np.isposinf(row).any():
         raise ValueError("the logits row holds NaN or +inf")
     if not np.isfinite(row).any():
