@@ -75,8 +75,12 @@ def test_chat_template_errors_are_value_errors(tiny_loaded: LoadedModel) -> None
 
 
 def test_unsupported_gguf_tokenizers_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"tokenizer model 'llama'"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama"})
+    with pytest.raises(ValueError, match=r"tokenizer model 't5' is not supported"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "t5"})
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.scores has 0 entries for 2 tokens"):
+        Tokenizer.from_gguf_metadata(
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}
+        )
     with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'qwen2'"):
         Tokenizer.from_gguf_metadata(
             {

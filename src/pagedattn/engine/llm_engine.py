@@ -155,7 +155,9 @@ class LLMEngine:
         if self.tokenizer is not None:
             from pagedattn.model.detokenizer import IncrementalDetokenizer
 
-            text_stream = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+            text_stream = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=True, prompt_token_ids=ids
+            )
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request_id=request_id,
