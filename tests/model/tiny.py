@@ -116,8 +116,10 @@ def write_tiny_gguf(
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     drop: tuple[str, ...] = (),
     extra: dict[str, int | float | str] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype)."""
+    """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype);
+    ``extra_tensors`` (GGUF names, float32) are written too, e.g. ``rope_freqs.weight``."""
     writer = GGUFWriter(str(path), arch)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
@@ -128,7 +130,9 @@ def write_tiny_gguf(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
-    write_tensors(writer, config, weights, qtype=qtype, drop=drop, extra=extra)
+    write_tensors(
+        writer, config, weights, qtype=qtype, drop=drop, extra=extra, extra_tensors=extra_tensors
+    )
     return path
 
 

@@ -66,6 +66,7 @@ class LLMEngine:
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
             rope_theta=mc.rope_theta,
+            rope_scaling=mc.rope_scaling_key,
             sliding_window=cc.sliding_window,
             num_sink_tokens=cc.num_sink_tokens,
             position_mode=cc.position_mode,

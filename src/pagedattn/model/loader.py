@@ -21,7 +21,13 @@ from pagedattn.model.gguf_loader import (
     gguf_weights,
     open_gguf,
 )
-from pagedattn.model.hf_loader import hf_config, hf_weights, read_config_json, safetensors_files
+from pagedattn.model.hf_loader import (
+    check_extra_tensors,
+    hf_config,
+    hf_weights,
+    read_config_json,
+    safetensors_files,
+)
 from pagedattn.model.quantized import BlockQuantized
 from pagedattn.model.registry import embedded_model_path
 from pagedattn.model.tokenizer import Tokenizer
@@ -83,6 +89,7 @@ def _load_folder(folder: Path) -> LoadedModel:
     files = safetensors_files(folder)
     weights = hf_weights(folder)
     check_weights(config, weights, str(folder))
+    check_extra_tensors(config, weights, str(folder))
     weights = {k: v for k, v in weights.items() if k in expected_weight_shapes(config)}
     stops: list[int] = []
     gen = folder / "generation_config.json"
