@@ -19,6 +19,7 @@ from pagedattn.config import ModelConfig
 from tests.model.tiny import random_weights, tiny_config, write_tensors
 
 SPM_VOCAB_SIZE = 1000
+SPIECE = "\u2581"
 USER_DEFINED = ["<|im_start|>", "<|im_end|>"]
 # llama.cpp SentencePieceTokenTypes
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -119,3 +120,64 @@ def write_spm_gguf(
     weights: dict[str, np.ndarray] = random_weights(config, seed)
     write_tensors(writer, config, weights)
     return path
+
+
+def write_spm_folder(folder: Path, gguf: Path, style: str, seed: int = 0) -> Path:
+    """The same tiny model as a Hugging Face folder: ``config.json``, safetensors of the same
+    random weights (seed), and a ``tokenizer.json`` of one of three styles:
+
+    - ``"transformers"``: what transformers builds from the GGUF and saves (Metaspace
+      pre-tokenizer; Replace/ByteFallback/Fuse/Strip decoder) - the independent one;
+    - ``"legacy"``: Llama-2 / TinyLlama / Mistral-v0.1 ``tokenizer.json`` (Prepend + Replace
+      normalizer, no pre-tokenizer, same decoder);
+    - ``"metaspace"``: a Metaspace decoder after ByteFallback (``SentencePieceBPETokenizer``).
+    """
+    import json
+
+    from safetensors.numpy import save_file
+    from tokenizers import decoders, normalizers
+
+    from pagedattn.model.loader import load_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if style == "transformers":
+        transformers = pytest.importorskip("transformers")
+        hf = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        hf.save_pretrained(str(folder))
+    else:
+        backend = load_model(gguf).tokenizer.backend
+        if style == "legacy":
+            backend.normalizer = normalizers.Sequence(
+                [normalizers.Prepend(SPIECE), normalizers.Replace(" ", SPIECE)]
+            )
+            backend.pre_tokenizer = None  # type: ignore[assignment]
+        elif style == "metaspace":
+            backend.decoder = decoders.Sequence(
+                [decoders.ByteFallback(), decoders.Metaspace(SPIECE, prepend_scheme="first")]
+            )
+        else:
+            raise ValueError(f"style {style!r}")
+        backend.save(str(folder / "tokenizer.json"))
+        config_json = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config_json))
+    c = spm_config()
+    raw = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (folder / "config.json").write_text(json.dumps(raw))
+    save_file(random_weights(c, seed), str(folder / "model.safetensors"))
+    return folder
