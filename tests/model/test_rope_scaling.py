@@ -230,3 +230,15 @@ def _copy(folder: Path, tmp_path: Path) -> Path:
     import shutil
 
     return Path(shutil.copytree(folder, tmp_path / "copy"))
+
+
+def test_transformers_4_rope_scaling_key_gives_the_same_factors(llama3: dict[str, Any]) -> None:
+    from pagedattn.model.hf_loader import hf_config
+
+    raw = json.loads((llama3["folder"] / "config.json").read_text())
+    theta = raw.get("rope_parameters", {}).get("rope_theta", raw.get("rope_theta"))
+    old = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    old |= {"rope_theta": theta, "rope_scaling": dict(LLAMA3)}  # the transformers 4.x spelling
+    config = hf_config(old, llama3["folder"])
+    assert config.rope_freq_factors == load_model(llama3["folder"]).config.rope_freq_factors
+    assert config.rope_scaling_key.startswith("llama3:")
