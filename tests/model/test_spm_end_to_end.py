@@ -142,3 +142,16 @@ def test_prompt_text_plus_completion_equals_decode_of_all(
         assert prompt_text + streamed[f"s{i}"] == full
         first_spaces += out.outputs[0].text.startswith(" ")
     assert first_spaces > 0  # some completions start a new word: the case that was broken
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("style", ["transformers", "legacy", "metaspace"])
+def test_hf_folder_prompt_ids_equal_transformers_loading_that_folder(
+    spm_models: dict[str, Path], style: str
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(spm_models[style]))
+    ours = load_model(spm_models[style]).tokenizer
+    for text in [*SPM_STRINGS, *PROMPTS]:
+        theirs = hf.encode(text)
+        assert ours.encode(text) == (theirs[1:] if theirs[:2] == [1, 1] else theirs)

@@ -181,19 +181,21 @@ def gguf_backend(meta: Mapping[str, Any]) -> BackendTokenizer:
 def _set_post_processor(
     backend: BackendTokenizer, meta: Mapping[str, Any], tokens: list[str], default_add_bos: bool
 ) -> None:
-    """BOS/EOS around every encoded text, per ``add_bos_token`` / ``add_eos_token``
-    (transformers' ``update_post_processor`` template)."""
+    """BOS/EOS per the GGUF's ``add_bos_token`` / ``add_eos_token`` (none when neither)."""
     bos = special_token(meta, tokens, "bos_token_id")
     eos = special_token(meta, tokens, "eos_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    if not (add_bos or add_eos):
-        return
-    single = f"{f'{bos}:0 ' if add_bos else ''}$A:0{f' {eos}:0' if add_eos else ''}"
-    pair = f"{single}{f' {bos}:1' if add_bos else ''} $B:1{f' {eos}:1' if add_eos else ''}"
-    special = [
-        (t, backend.token_to_id(t)) for t, on in ((bos, add_bos), (eos, add_eos)) if on and t
-    ]
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if add_bos or add_eos:
+        set_bos_eos_template(backend, bos if add_bos else None, eos if add_eos else None)
+
+
+def set_bos_eos_template(backend: BackendTokenizer, bos: str | None, eos: str | None) -> None:
+    """Make ``backend`` put ``bos`` before and ``eos`` after every encoded text (None: not
+    that one), as transformers' ``update_post_processor`` template does."""
+    single = f"{f'{bos}:0 ' if bos else ''}$A:0{f' {eos}:0' if eos else ''}"
+    pair = f"{single}{f' {bos}:1' if bos else ''} $B:1{f' {eos}:1' if eos else ''}"
+    special = [(t, backend.token_to_id(t)) for t in (bos, eos) if t is not None]
     backend.post_processor = processors.TemplateProcessing(
         single=single,
         pair=pair,

@@ -158,7 +158,9 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: Path, extra_stop_ids: Sequence[int] = ()) -> Tokenizer:
         """Build from a Hugging Face folder: ``tokenizer.json`` + ``tokenizer_config.json``
-        (``chat_template``, ``bos_token``, ``eos_token``), or ``chat_template.jinja``.
+        (``chat_template``, ``bos_token``, ``eos_token``), or ``chat_template.jinja``. BOS/EOS
+        come from the ``tokenizer.json`` post-processor (as transformers' generic
+        ``TokenizersBackend`` loads it; ``add_bos_token`` there is not consulted).
 
         Raises:
             ValueError: no ``tokenizer.json`` in the folder.
