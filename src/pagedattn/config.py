@@ -9,8 +9,14 @@ from dataclasses import dataclass
 class ModelConfig:
     """Shape and numerics of a Llama-architecture decoder.
 
+    ``rope_freq_factors``: None (plain RoPE), or one positive divisor per rotary pair
+    (head_dim // 2 floats) applied to the frequencies ``rope_theta^(-2i/head_dim)``: Llama-3.1
+    scaling (GGUF ``rope_freqs.weight``, HF ``rope_scaling: {rope_type: llama3}``).
+    ``rope_scaling`` names where they came from ("" for none, "llama3").
+
     Raises:
-        ValueError: a non-positive size, or num_heads not a multiple of num_kv_heads.
+        ValueError: a non-positive size, num_heads not a multiple of num_kv_heads, or
+            rope_freq_factors of the wrong length or not all positive.
     """
 
     vocab_size: int
@@ -28,6 +34,8 @@ class ModelConfig:
     eos_token_id: int | None = None
     architecture: str = "llama"
     name: str = ""
+    rope_scaling: str = ""
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in (
@@ -51,6 +59,23 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("rope_theta and rms_norm_eps must be positive")
+        factors = self.rope_freq_factors
+        if factors is not None and (
+            len(factors) != self.head_dim // 2 or not all(f > 0 for f in factors)
+        ):
+            raise ValueError(
+                f"ModelConfig.rope_freq_factors: expected {self.head_dim // 2} positive values, "
+                f"got {len(factors)}"
+            )
+
+    @property
+    def rope_scaling_key(self) -> str:
+        """Canonical text of the RoPE scaling ("" for none): part of the prefix-cache namespace,
+        so KV rotated with other frequencies is never reused."""
+        if self.rope_freq_factors is None:
+            return ""
+        values = ",".join(float(f).hex() for f in self.rope_freq_factors)
+        return f"{self.rope_scaling or 'freq_factors'}:{values}"
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -125,6 +125,9 @@ def test_padded_ids_past_the_tokenizer_vocab_are_never_listed_nor_sampled() -> N
         def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
             return "".join(f"<{i}>" for i in ids)
 
+        def id_to_token(self, token_id: int) -> str:
+            return f"<{token_id}>"
+
     engine = make_engine(model, SmallVocab())
     # Make the padded ids the most likely ones: bias is refused there, so patch the logits.
     real_forward = model.forward

@@ -91,3 +91,19 @@ def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
 
     with torch.no_grad():
         return np.asarray(model(torch.tensor([ids])).logits[0].numpy(), dtype=np.float32)
+
+
+@pytest.fixture(scope="session")
+def spm_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny byte-fallback SentencePiece BPE model trained on a novel (see tests/model/spm.py)."""
+    from tests.model.spm import train_spm
+
+    return train_spm(tmp_path_factory.mktemp("spm"))
+
+
+@pytest.fixture(scope="session")
+def spm_gguf(spm_model_file: Path) -> Path:
+    """A tiny random Llama GGUF with that vocabulary (tokenizer.ggml.model "llama", add BOS)."""
+    from tests.model.spm import write_spm_gguf
+
+    return write_spm_gguf(spm_model_file.parent / "spm.gguf", spm_model_file)

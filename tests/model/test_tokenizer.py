@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pagedattn.model.loader import LoadedModel
+from pagedattn.model.loader import LoadedModel, load_model
 from pagedattn.model.tokenizer import Tokenizer
+from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
 HARD_STRINGS = [
     "Hello world",
@@ -75,8 +77,12 @@ def test_chat_template_errors_are_value_errors(tiny_loaded: LoadedModel) -> None
 
 
 def test_unsupported_gguf_tokenizers_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"tokenizer model 'llama'"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama"})
+    with pytest.raises(ValueError, match=r"tokenizer model 't5' is not supported"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "t5"})
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.scores has 0 entries for 2 tokens"):
+        Tokenizer.from_gguf_metadata(
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}
+        )
     with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'qwen2'"):
         Tokenizer.from_gguf_metadata(
             {
@@ -86,6 +92,29 @@ def test_unsupported_gguf_tokenizers_are_refused() -> None:
                 "tokenizer.ggml.merges": ["a b"],
             }
         )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_byte_level_gguf_add_bos_token_is_honoured(tmp_path: Path, add_bos: bool) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = tiny_config()
+    path = write_tiny_gguf(
+        tmp_path / "bos.gguf",
+        config,
+        random_weights(config),
+        extra={"tokenizer.ggml.add_bos_token": add_bos},
+    )
+    tok = load_model(path).tokenizer
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in ("the cat", "<|im_end|>the", ""):
+        ids = tok.encode(text)
+        assert ids == [1] * add_bos + tok.encode(text, add_special_tokens=False)
+        assert ids == hf.encode(text)
+    assert tok.adds_bos is add_bos
+    # the tiny vocabulary's BOS is <|im_start|>: a text starting with it gets no second one
+    assert tok.encode("<|im_start|>the") == [1, 86, 260]
+    assert hf.encode("<|im_start|>the") == [1] * add_bos + [1, 86, 260]
 
 
 @pytest.mark.model

@@ -115,10 +115,40 @@ def write_tiny_gguf(
     arch: str = "llama",
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     drop: tuple[str, ...] = (),
-    extra: dict[str, int | float | str] | None = None,
+    extra: dict[str, bool | int | float | str] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype)."""
+    """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype);
+    ``extra_tensors`` (GGUF names, float32) are written too, e.g. ``rope_freqs.weight``."""
     writer = GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    tokens = tiny_tokens()
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    write_tensors(
+        writer, config, weights, qtype=qtype, drop=drop, extra=extra, extra_tensors=extra_tensors
+    )
+    return path
+
+
+def write_tensors(
+    writer: GGUFWriter,
+    config: ModelConfig,
+    weights: dict[str, np.ndarray],
+    *,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    drop: tuple[str, ...] = (),
+    extra: dict[str, bool | int | float | str] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> None:
+    """Add the Llama hyperparameters, ``extra`` metadata, the weights (HF names, q/k rows
+    permuted as llama.cpp's converter does) and ``extra_tensors`` (GGUF names, float32) to
+    ``writer``, then write and close the file."""
     writer.add_block_count(config.num_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -131,22 +161,17 @@ def write_tiny_gguf(
     extra = extra or {}
     if "llama.rope.dimension_count" not in extra:
         writer.add_rope_dimension_count(config.head_dim)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    tokens = tiny_tokens()
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_chat_template(CHAT_TEMPLATE)
     for key, value in extra.items():  # extra metadata, e.g. RoPE scaling
         if isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
         elif isinstance(value, int):
             writer.add_uint32(key, value)
         else:
             writer.add_float32(key, value)
+    for name, w in (extra_tensors or {}).items():
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
     for name, w in weights.items():
         if name in drop:
             continue
@@ -162,7 +187,6 @@ def write_tiny_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def random_hf_llama(*, tie_word_embeddings: bool, initializer_range: float) -> object:

@@ -71,6 +71,7 @@ class LLMEngine:
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
             rope_theta=mc.rope_theta,
+            rope_scaling=mc.rope_scaling_key,
             sliding_window=cc.sliding_window,
             num_sink_tokens=cc.num_sink_tokens,
             position_mode=cc.position_mode,
@@ -188,7 +189,9 @@ class LLMEngine:
                 from pagedattn.model.detokenizer import IncrementalDetokenizer
 
                 text_stream = IncrementalDetokenizer(
-                    self.tokenizer, skip_special_tokens=params.skip_special_tokens
+                    self.tokenizer,
+                    skip_special_tokens=params.skip_special_tokens,
+                    prompt_token_ids=ids,
                 )
             seqs.append(
                 Sequence(

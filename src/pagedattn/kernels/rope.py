@@ -7,15 +7,72 @@ first half pairs with dimension ``i + head_dim/2``, rotated by angle
 
 Rotations compose, R(p + d) = R(d) R(p), so re-rotating a key cached at position p to p + d is
 ``apply_rope(k, d_positions, theta)`` (StreamingLLM-style position shifts, llama.cpp context shift).
+
+Frequency scaling: Llama-3.1/3.2 divide each frequency by a per-pair factor
+(:func:`llama3_freq_factors`); llama.cpp stores those factors as the ``rope_freqs.weight`` tensor
+and divides by them (``freq_factors`` of ``ggml_rope_ext``), transformers computes the scaled
+frequencies from ``rope_scaling: {rope_type: llama3}``. Both are the same numbers.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
+def llama3_freq_factors(
+    head_dim: int,
+    theta: float,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> np.ndarray:
+    """Llama-3.1 RoPE frequency divisors (Meta's ``apply_scaling``; transformers
+    ``_compute_llama3_parameters``; llama.cpp ``convert_hf_to_gguf.py`` ``rope_freqs``).
+
+    With wavelength ``w_i = 2 pi / freq_i`` and ``L = original_max_position_embeddings``:
+    ``w_i < L / high_freq_factor`` keeps the frequency (divisor 1), ``w_i > L / low_freq_factor``
+    divides it by ``factor``, and in between the divisor is ``1 / ((1 - s) / factor + s)`` with
+    ``s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+
+    Returns:
+        (head_dim // 2,) float32 divisors, each in [1, factor].
+
+    Raises:
+        ValueError: non-positive factors or context, or ``high_freq_factor <= low_freq_factor``.
+    """
+    if factor <= 0 or low_freq_factor <= 0 or original_max_position_embeddings <= 0:
+        raise ValueError(
+            "llama3 RoPE: factor, low_freq_factor and original_max_position_embeddings must be "
+            f"positive, got {factor}, {low_freq_factor}, {original_max_position_embeddings}"
+        )
+    if high_freq_factor <= low_freq_factor:
+        raise ValueError(
+            f"llama3 RoPE: high_freq_factor ({high_freq_factor}) must exceed "
+            f"low_freq_factor ({low_freq_factor})"
+        )
+    ctx = float(original_max_position_embeddings)
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    out = []
+    for freq in inv_freq:
+        wavelen = 2 * math.pi / freq
+        if wavelen < ctx / high_freq_factor:
+            out.append(1.0)
+        elif wavelen > ctx / low_freq_factor:
+            out.append(factor)
+        else:
+            smooth = (ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
 def rope_cos_sin(
-    positions: np.ndarray, head_dim: int, theta: float
+    positions: np.ndarray,
+    head_dim: int,
+    theta: float,
+    freq_factors: np.ndarray | tuple[float, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cosine and sine tables for ``positions``.
 
@@ -25,13 +82,16 @@ def rope_cos_sin(
         positions: (num_tokens,) integer positions (may be negative for re-rotation deltas).
         head_dim: even head dimension D.
         theta: RoPE base (e.g. 10000.0; SmolLM2 uses 100000.0).
+        freq_factors: None, or (D/2,) positive divisors of the frequencies
+            ``theta^(-2i/D)`` (llama.cpp ``rope_freqs``; see :func:`llama3_freq_factors`).
 
     Returns:
         ``(cos, sin)``, each (num_tokens, head_dim // 2) float32: the half-width table (the HF
         full-width table is this one concatenated with itself).
 
     Raises:
-        ValueError: positions not 1-D, odd or non-positive head_dim, non-positive theta.
+        ValueError: positions not 1-D, odd or non-positive head_dim, non-positive theta,
+            freq_factors not of shape (D/2,) or not all positive.
     """
     positions = np.asarray(positions)
     if positions.ndim != 1:
@@ -41,6 +101,13 @@ def rope_cos_sin(
     if theta <= 0:
         raise ValueError(f"theta must be positive, got {theta}")
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))  # (D/2,)
+    if freq_factors is not None:
+        factors = np.asarray(freq_factors, dtype=np.float64)
+        if factors.shape != inv_freq.shape or not np.all(factors > 0):
+            raise ValueError(
+                f"freq_factors: expected {inv_freq.shape[0]} positive values, got {factors.shape}"
+            )
+        inv_freq = inv_freq / factors
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

@@ -38,6 +38,9 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Llama-3.1 RoPE frequency divisors (head_dim / 2,), written by llama.cpp's converter for
+# ``rope_scaling: {rope_type: llama3}``; read into ModelConfig.rope_freq_factors.
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -105,8 +108,10 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (``{arch}.block_count`` etc.).
 
     Raises:
-        ValueError: unsupported architecture, missing required key, unsupported RoPE scaling or
-            partial rotary dimension.
+        ValueError: unsupported architecture, missing required key, unsupported RoPE scaling
+            (``rope.scaling.type`` linear / yarn / longrope with a factor other than 1), partial
+            rotary dimension, or a ``rope_freqs.weight`` not of shape (head_dim / 2,) with
+            positive values.
     """
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -132,6 +137,7 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
             f"{path}: partial RoPE (rope.dimension_count {rot} != head_dim {head_dim}) "
             "is not supported"
         )
+    factors = _rope_freq_factors(reader, path, head_dim)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = field_value(reader, f"{arch}.vocab_size")
     if vocab is None and tokens is not None:
@@ -154,7 +160,25 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
         eos_token_id=None if eos is None else int(eos),
         architecture=str(arch),
         name=str(field_value(reader, "general.name", path.stem)),
+        rope_scaling="" if factors is None else "rope_freqs",
+        rope_freq_factors=factors,
     )
+
+
+def _rope_freq_factors(reader: Any, path: Path, head_dim: int) -> tuple[float, ...] | None:
+    """The ``rope_freqs.weight`` divisors (llama.cpp ``ggml_rope_ext`` freq_factors), or None."""
+    from gguf.quants import dequantize
+
+    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if tensor is None:
+        return None
+    values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).ravel()
+    if values.shape != (head_dim // 2,) or not np.all(np.isfinite(values) & (values > 0)):
+        raise ValueError(
+            f"{path}: tensor {ROPE_FREQS!r} must hold head_dim / 2 = {head_dim // 2} positive "
+            f"values, got shape {tuple(int(d) for d in tensor.shape)}"
+        )
+    return tuple(float(v) for v in values)
 
 
 def gguf_weights(
@@ -169,7 +193,9 @@ def gguf_weights(
     K-quants...).
 
     Raises:
-        ValueError: a tensor type the ``gguf`` package cannot dequantize.
+        ValueError: a tensor type the ``gguf`` package cannot dequantize, or a tensor a Llama
+            forward does not use (named: a bias, ``rope_factors_long``...; ``rope_freqs.weight``
+            is read by :func:`gguf_config`), which we refuse rather than silently ignore.
     """
     from gguf.quants import dequantize
 
@@ -177,8 +203,13 @@ def gguf_weights(
     quantized: dict[str, BlockQuantized] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
-        if name is None:
+        if tensor.name == ROPE_FREQS:
             continue
+        if name is None:
+            raise ValueError(
+                f"unsupported GGUF tensor {tensor.name!r} (not part of a {config.architecture} "
+                "forward this loader runs); refusing to ignore it"
+            )
         try:
             w = dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError as exc:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.kernels.rope import llama3_freq_factors
+from pagedattn.model.weights import expected_weight_shapes
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -47,7 +49,8 @@ def hf_config(raw: dict[str, Any], folder: Path) -> ModelConfig:
     5.x ``rope_parameters``).
 
     Raises:
-        ValueError: unsupported model type, biases, RoPE scaling other than default, or a
+        ValueError: unsupported model type, biases, RoPE scaling other than default and
+            ``llama3`` (whose frequency divisors go to ``rope_freq_factors``), partial RoPE, or a
             missing key.
     """
     model_type = raw.get("model_type")
@@ -63,11 +66,31 @@ def hf_config(raw: dict[str, Any], folder: Path) -> ModelConfig:
         raise ValueError(f"{folder}: hidden_act {raw['hidden_act']!r} is not supported (silu only)")
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ValueError(f"{folder}: RoPE scaling {rope_type!r} is not supported (default only)")
+    if rope_type not in ("default", None, "llama3"):
+        raise ValueError(
+            f"{folder}: RoPE scaling {rope_type!r} is not supported (default and llama3 only)"
+        )
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if float(partial) != 1.0:
+        raise ValueError(
+            f"{folder}: partial RoPE (partial_rotary_factor {partial}) is not supported"
+        )
     theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        factors = None
+        if rope_type == "llama3":
+            factors = llama3_freq_factors(
+                head_dim,
+                float(theta),
+                factor=float(_rope_key(rope, "factor", folder)),
+                low_freq_factor=float(_rope_key(rope, "low_freq_factor", folder)),
+                high_freq_factor=float(_rope_key(rope, "high_freq_factor", folder)),
+                original_max_position_embeddings=int(
+                    _rope_key(rope, "original_max_position_embeddings", folder)
+                ),
+            )
         return ModelConfig(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
@@ -75,7 +98,7 @@ def hf_config(raw: dict[str, Any], folder: Path) -> ModelConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rope_theta=float(theta),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
@@ -84,9 +107,43 @@ def hf_config(raw: dict[str, Any], folder: Path) -> ModelConfig:
             eos_token_id=_first_int(raw.get("eos_token_id")),
             architecture=str(model_type),
             name=str(raw.get("_name_or_path") or folder.name),
+            rope_scaling="" if factors is None else "llama3",
+            rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
         )
     except KeyError as exc:
         raise ValueError(f"{folder}/config.json: missing key {exc.args[0]!r}") from None
+
+
+def _rope_key(rope: dict[str, Any], key: str, folder: Path) -> Any:
+    if rope.get(key) is None:
+        raise ValueError(f"{folder}/config.json: llama3 RoPE scaling without {key!r}")
+    return rope[key]
+
+
+def check_extra_tensors(config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
+    """Refuse tensors a Llama forward would not use, rather than silently dropping them (a
+    bias, a LoRA delta, RoPE buffers of another scheme...). Tolerated: ``lm_head.weight`` equal
+    to the tied embedding, and ``rotary_emb.inv_freq`` buffers equal to our frequencies.
+
+    Raises:
+        ValueError: naming the first such tensor.
+    """
+    expected = expected_weight_shapes(config)
+    inv_freq = 1.0 / (
+        config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
+    )
+    if config.rope_freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(config.rope_freq_factors, dtype=np.float64)
+    for name in sorted(set(weights) - set(expected)):
+        w = weights[name]
+        if name == "lm_head.weight" and np.array_equal(w, weights["model.embed_tokens.weight"]):
+            continue
+        if name.endswith("rotary_emb.inv_freq") and np.allclose(w, inv_freq, rtol=1e-5, atol=0):
+            continue
+        raise ValueError(
+            f"{source}: unexpected tensor {name!r} of shape {w.shape} (not used by a Llama "
+            "forward with this config); refusing to run without it"
+        )
 
 
 def safetensors_files(folder: Path) -> list[Path]:

@@ -196,10 +196,10 @@ class LlamaModel:
         ids = np.asarray(batch.input_ids)
         if T and (ids.min() < 0 or ids.max() >= c.vocab_size):
             raise ValueError(f"input_ids must be in [0, {c.vocab_size})")
-        cos, sin = rope_cos_sin(batch.positions, D, c.rope_theta)  # (T, D/2) each
+        cos, sin = rope_cos_sin(batch.positions, D, c.rope_theta, c.rope_freq_factors)  # (T, D/2)
         sink_cos_sin = None
         if batch.sink_positions is not None:
-            sink_cos_sin = rope_cos_sin(batch.sink_positions, D, c.rope_theta)  # (T, D/2) each
+            sink_cos_sin = rope_cos_sin(batch.sink_positions, D, c.rope_theta, c.rope_freq_factors)
         x = self.embed[ids]  # (T, H)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)

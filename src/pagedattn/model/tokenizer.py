@@ -1,12 +1,6 @@
 """Tokenizer built with the ``tokenizers`` library, from a GGUF vocabulary or a ``tokenizer.json``.
 
-A GGUF has no ``tokenizer.json``: it stores the vocabulary, merges, token types and a
-pre-tokenizer name (llama.cpp ``tokenizer.ggml.*`` keys). For byte-level BPE ("gpt2" model) we
-rebuild what transformers' GGUF integration builds
-(``integrations/gguf/gguf_tokenizer_mapping.py``):
-a BPE model over the byte alphabet of GPT-2 (Radford et al. 2019), a pre-tokenizer chosen by the
-file's pre-tokenizer name, control tokens as special added tokens and user-defined tokens as
-plain added tokens.
+GGUF vocabularies (byte-level BPE and SentencePiece) are rebuilt by :mod:`.gguf_vocab`.
 """
 
 from __future__ import annotations
@@ -16,49 +10,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from pagedattn.model.chat_template import render_chat_template
+from pagedattn.model.gguf_vocab import bytes_to_unicode, gguf_backend, special_token
 
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
-
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Byte-level pre-tokenizers by llama.cpp pre-tokenizer name (``tokenizer.ggml.pre``).
-_GPT2_PRE = ("default", "gpt2", "smollm")
-_SPLIT_PRE = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
+__all__ = ["Tokenizer", "bytes_to_unicode"]
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (openai/gpt-2 ``encoder.py``)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
-def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    if pre in _GPT2_PRE:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _SPLIT_PRE:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_SPLIT_PRE[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    raise ValueError(
-        f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted((*_GPT2_PRE, *_SPLIT_PRE))}"
-    )
+def _added_by_post_processor(backend: BackendTokenizer) -> tuple[list[int], list[int]]:
+    """(prefix ids, suffix ids) the post-processor puts around every encoded text."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    full = backend.encode("a", add_special_tokens=True).ids
+    for i in range(len(full) - len(plain) + 1):
+        if full[i : i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain) :])
+    return [], []
 
 
 class Tokenizer:
@@ -91,18 +58,36 @@ class Tokenizer:
         self.stop_token_ids: frozenset[int] = frozenset(stops)
         bos = self.special_tokens.get("bos_token")
         self.bos_token_id: int | None = None if bos is None else backend.token_to_id(bos)
+        self._added_prefix, self._added_suffix = _added_by_post_processor(backend)
 
     @property
     def vocab_size(self) -> int:
         """Number of token ids (added tokens included)."""
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether ``encode(text)`` puts BOS first (GGUF ``add_bos_token``, or the
+        ``tokenizer.json`` post-processor)."""
+        return self.bos_token_id is not None and self._added_prefix == [self.bos_token_id]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special-token text (e.g. ``<|im_end|>``) maps to its single id.
 
-        ``add_special_tokens`` applies the tokenizer's post-processor (BOS/EOS if it adds any).
+        ``add_special_tokens`` applies the tokenizer's post-processor (BOS/EOS if it adds any),
+        except that a text which already starts with the tokens it would add (``"<s>Hi"``)
+        or already ends with those it would append gets no second copy (HF transformers and
+        llama.cpp would give ``[<s>, <s>, ...]``, which a model never saw in training).
         """
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        ids = list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        if not add_special_tokens:
+            return ids
+        pre, suf = self._added_prefix, self._added_suffix
+        if pre and ids[len(pre) : 2 * len(pre)] == pre:
+            ids = ids[len(pre) :]
+        if suf and len(ids) >= 2 * len(suf) and ids[-2 * len(suf) : -len(suf)] == suf:
+            ids = ids[: -len(suf)]
+        return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 byte sequences decode to U+FFFD.
@@ -150,55 +135,21 @@ class Tokenizer:
         """Build from GGUF ``tokenizer.ggml.*`` / ``tokenizer.chat_template`` metadata values.
 
         Raises:
-            ValueError: a tokenizer model other than byte-level BPE ("gpt2"), an unknown
-                pre-tokenizer, or missing vocabulary/merges.
+            ValueError: a tokenizer model other than byte-level BPE ("gpt2") or SentencePiece
+                ("llama"), an unknown pre-tokenizer, or missing vocabulary/merges/scores.
         """
-        kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(
-                f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only); "
-                "use a Hugging Face folder with tokenizer.json instead"
-            )
-        tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or ())
-        merges: list[str] = list(meta.get("tokenizer.ggml.merges") or ())
-        if not tokens or not merges:
-            raise ValueError(
-                "GGUF tokenizer: missing tokenizer.ggml.tokens or tokenizer.ggml.merges"
-            )
-        types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        alphabet = set(bytes_to_unicode().values())
-        spelling = bytes_to_unicode()
-        vocab = {
-            tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8")): i
-            for i, tok in enumerate(tokens)
-        }
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        backend = BackendTokenizer(
-            models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)  # type: ignore[arg-type]
-        )
-        backend.pre_tokenizer = _byte_level_pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "")))
-        backend.decoder = decoders.ByteLevel()
-        control = [
-            t for t, ty in zip(tokens, types, strict=True) if ty == _CONTROL and set(t) <= alphabet
-        ]
-        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-        user = [t for t, ty in zip(tokens, types, strict=True) if ty == _USER_DEFINED]
-        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
-
-        def tok(key: str) -> str | None:
-            idx = meta.get(f"tokenizer.ggml.{key}")
-            return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
-
+        backend = gguf_backend(meta)
+        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eot = meta.get("tokenizer.ggml.eot_token_id")  # end-of-turn, when distinct from eos
         return cls(
             backend,
             chat_template=meta.get("tokenizer.chat_template"),
             special_tokens={
-                "bos_token": tok("bos_token_id"),
-                "eos_token": tok("eos_token_id"),
-                "unk_token": tok("unknown_token_id"),
-                "pad_token": tok("padding_token_id"),
+                "bos_token": special_token(meta, tokens, "bos_token_id"),
+                "eos_token": special_token(meta, tokens, "eos_token_id"),
+                "unk_token": special_token(meta, tokens, "unknown_token_id"),
+                "pad_token": special_token(meta, tokens, "padding_token_id"),
             },
             eos_token_id=None if eos is None else int(eos),
             stop_token_ids=[int(eot)] if eot is not None else [],
@@ -207,7 +158,9 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: Path, extra_stop_ids: Sequence[int] = ()) -> Tokenizer:
         """Build from a Hugging Face folder: ``tokenizer.json`` + ``tokenizer_config.json``
-        (``chat_template``, ``bos_token``, ``eos_token``), or ``chat_template.jinja``.
+        (``chat_template``, ``bos_token``, ``eos_token``), or ``chat_template.jinja``. BOS/EOS
+        come from the ``tokenizer.json`` post-processor (as transformers' generic
+        ``TokenizersBackend`` loads it; ``add_bos_token`` there is not consulted).
 
         Raises:
             ValueError: no ``tokenizer.json`` in the folder.

@@ -1,0 +1,203 @@
+"""Build a ``tokenizers`` pipeline from a GGUF vocabulary (llama.cpp ``tokenizer.ggml.*`` keys).
+
+A GGUF has no ``tokenizer.json``: it stores the tokens, merges or scores, token types, special
+token ids and flags. We rebuild what transformers' GGUF integration builds
+(``integrations/gguf/gguf_tokenizer_mapping.py``), the oracle our tests compare against:
+
+- ``"gpt2"``: byte-level BPE over GPT-2's byte alphabet (Radford et al. 2019), pre-tokenizer
+  chosen by ``tokenizer.ggml.pre``;
+- ``"llama"``: SentencePiece (Kudo & Richardson 2018) vocabularies of Llama-2, Mistral, TinyLlama:
+  a BPE model with byte fallback (``<0x0A>`` tokens) over "▁"-marked words, with the merges the
+  file gives or, as usual, recovered from the pieces' scores (transformers' ``generate_merges``);
+  a Metaspace pre-tokenizer that marks the first word (unless ``add_space_prefix`` is false).
+
+Control tokens become special added tokens and user-defined tokens plain added tokens; BOS/EOS
+are added by a post-processor when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so
+(a SentencePiece file without the flag adds BOS, as llama.cpp and transformers do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as BackendTokenizer
+
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+SPIECE_UNDERLINE = "\u2581"  # "▁", SentencePiece's word-start mark
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Byte-level pre-tokenizers by llama.cpp pre-tokenizer name (``tokenizer.ggml.pre``).
+_GPT2_PRE = ("default", "gpt2", "smollm")
+_SPLIT_PRE = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (openai/gpt-2 ``encoder.py``)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    if pre in _GPT2_PRE:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _SPLIT_PRE:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_PRE[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    raise ValueError(
+        f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted((*_GPT2_PRE, *_SPLIT_PRE))}"
+    )
+
+
+def merges_from_scores(
+    vocab: Mapping[str, int], scores: Mapping[str, float]
+) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a piece into two
+    pieces of the vocabulary, best score first (ties: shorter left, then shorter right piece).
+
+    The same algorithm as transformers' ``tokenization_utils_base.generate_merges`` (used by its
+    SentencePiece converters), so that our token ids equal transformers'.
+    """
+    merges: list[tuple[str, str, float]] = []
+    for piece, score in scores.items():
+        local = [
+            (piece[:i], piece[i:], score)
+            for i in range(1, len(piece))
+            if piece[:i] in vocab and piece[i:] in vocab
+        ]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str]) -> BackendTokenizer:
+    merges: list[str] = list(meta.get("tokenizer.ggml.merges") or ())
+    if not merges:
+        raise ValueError("GGUF tokenizer: missing tokenizer.ggml.merges")
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab = {
+        tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8")): i
+        for i, tok in enumerate(tokens)
+    }
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = BackendTokenizer(
+        models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)  # type: ignore[arg-type]
+    )
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "")))
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_backend(meta: Mapping[str, Any], tokens: list[str]) -> BackendTokenizer:
+    scores = list(meta.get("tokenizer.ggml.scores") or ())
+    merges_meta: list[str] = list(meta.get("tokenizer.ggml.merges") or ())
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if merges_meta:
+        merges = [(m.split(" ")[0], m.split(" ")[1]) for m in merges_meta]
+    elif len(scores) == len(tokens):
+        merges = merges_from_scores(vocab, dict(zip(tokens, map(float, scores), strict=True)))
+    else:
+        raise ValueError(
+            f"GGUF tokenizer: tokenizer.ggml.scores has {len(scores)} entries for "
+            f"{len(tokens)} tokens (and there are no tokenizer.ggml.merges)"
+        )
+    backend = BackendTokenizer(
+        models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True)
+    )
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPIECE_UNDERLINE, prepend_scheme="first" if prefix else "never", split=False
+    )
+    steps = [decoders.Replace(SPIECE_UNDERLINE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+def special_token(meta: Mapping[str, Any], tokens: Sequence[str], key: str) -> str | None:
+    """The text of the token whose id ``tokenizer.ggml.<key>`` names, or None."""
+    idx = meta.get(f"tokenizer.ggml.{key}")
+    return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
+
+
+def gguf_backend(meta: Mapping[str, Any]) -> BackendTokenizer:
+    """The ``tokenizers.Tokenizer`` a GGUF's ``tokenizer.*`` metadata describes.
+
+    Raises:
+        ValueError: a tokenizer model other than "gpt2" / "llama", an unknown byte-level
+            pre-tokenizer, a missing vocabulary, merges or scores.
+    """
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in SUPPORTED_MODELS:
+        raise ValueError(
+            f"GGUF tokenizer model {kind!r} is not supported (supported: {list(SUPPORTED_MODELS)}:"
+            " byte-level BPE and SentencePiece); use a Hugging Face folder with tokenizer.json"
+        )
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or ())
+    if not tokens:
+        raise ValueError("GGUF tokenizer: missing tokenizer.ggml.tokens")
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise ValueError(f"GGUF tokenizer: {len(types)} token types for {len(tokens)} tokens")
+    if kind == "gpt2":
+        backend = _byte_level_backend(meta, tokens)
+        alphabet = set(bytes_to_unicode().values())
+        # a control token outside the byte alphabet is a llama.cpp mislabel (as transformers)
+        control = [t for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
+        special = [t for t in control if set(t) <= alphabet]
+    else:
+        backend = _sentencepiece_backend(meta, tokens)
+        named = ("unknown_token_id", "bos_token_id", "eos_token_id", "padding_token_id")
+        special = [t for t in (special_token(meta, tokens, k) for k in named) if t is not None]
+        special += [t for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
+    backend.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t in dict.fromkeys(special)]
+    )
+    user = [t for t, ty in zip(tokens, types, strict=True) if ty == USER_DEFINED]
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+    _set_post_processor(backend, meta, tokens, default_add_bos=kind == "llama")
+    return backend
+
+
+def _set_post_processor(
+    backend: BackendTokenizer, meta: Mapping[str, Any], tokens: list[str], default_add_bos: bool
+) -> None:
+    """BOS/EOS per the GGUF's ``add_bos_token`` / ``add_eos_token`` (none when neither)."""
+    bos = special_token(meta, tokens, "bos_token_id")
+    eos = special_token(meta, tokens, "eos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if add_bos or add_eos:
+        set_bos_eos_template(backend, bos if add_bos else None, eos if add_eos else None)
+
+
+def set_bos_eos_template(backend: BackendTokenizer, bos: str | None, eos: str | None) -> None:
+    """Make ``backend`` put ``bos`` before and ``eos`` after every encoded text (None: not
+    that one), as transformers' ``update_post_processor`` template does."""
+    single = f"{f'{bos}:0 ' if bos else ''}$A:0{f' {eos}:0' if eos else ''}"
+    pair = f"{single}{f' {bos}:1' if bos else ''} $B:1{f' {eos}:1' if eos else ''}"
+    special = [(t, backend.token_to_id(t)) for t in (bos, eos) if t is not None]
+    backend.post_processor = processors.TemplateProcessing(
+        single=single,
+        pair=pair,
+        special_tokens=special,  # type: ignore[arg-type]
+    )
