@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
-from pagedattn.cache.hashing import prefix_page_hashes
+from pagedattn.cache.hashing import PageHash, prefix_page_hashes
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
+from pagedattn.storage.record import PageKey
+
+if TYPE_CHECKING:
+    from pagedattn.storage.tier import KVTier
 
 EvictionPolicy = Literal["reclaim", "evict_idle", "raise"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("reclaim", "evict_idle", "raise")
@@ -46,9 +50,13 @@ class CacheManager:
             least recently accessed other sequence (lossy: its entry becomes -1);
             ``"raise"`` never reuse cached pages.
         enable_prefix_caching: hash full pages and share them between sequences.
+        tier: the persistent tier below the pool (:class:`pagedattn.storage.tier.KVTier`), or
+            None. On a prefix-cache miss :meth:`add_sequence` restores the longest run of the
+            following pages from it; :meth:`pages_computed` writes newly computed full pages
+            to it. Needs prefix caching (pages are named by their prefix hash).
 
     Raises:
-        ValueError: a bad size, window, sink count or policy.
+        ValueError: a bad size, window, sink count or policy; a tier without prefix caching.
     """
 
     def __init__(
@@ -61,6 +69,7 @@ class CacheManager:
         num_sink_tokens: int = 0,
         policy: EvictionPolicy = "reclaim",
         enable_prefix_caching: bool = True,
+        tier: KVTier | None = None,
     ) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
@@ -70,7 +79,11 @@ class CacheManager:
             raise ValueError(f"num_sink_tokens must be >= 0, got {num_sink_tokens}")
         if policy not in EVICTION_POLICIES:
             raise ValueError(f"policy must be one of {EVICTION_POLICIES}, got {policy!r}")
+        if tier is not None and not enable_prefix_caching:
+            raise ValueError("kv_store: needs prefix caching (pages are named by prefix hash)")
         self.allocator = PageAllocator(num_pages, namespace)
+        self.tier = tier
+        self.tier_restored_tokens = 0
         self.page_size = page_size
         self.namespace = namespace
         self.sliding_window = sliding_window
@@ -184,6 +197,8 @@ class CacheManager:
                 parent_serial = record.serial
             for page_id in seq.page_table:
                 self.allocator.touch(page_id)
+            if self.tier is not None and len(seq.page_table) < len(hashes):
+                self._restore(seq, tokens, hashes, parent_serial)
             seq.num_tokens = len(seq.page_table) * ps
             seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
             self.prefix_query_tokens += len(tokens)
@@ -227,6 +242,40 @@ class CacheManager:
                 seq.register_page(i, self.allocator, ps, self.namespace)
         self._seqs.move_to_end(seq_id)
         return slots
+
+    def pages_computed(self, seq_id: Hashable, start: int, end: int) -> int:
+        """The forward that wrote the sequence's tokens ``[start, end)`` succeeded: hand the
+        full pages it completed to the tier (write-through; a no-op without a tier).
+
+        Pages of a sequence that lost a visible page (lossy eviction) or whose prefix chain
+        broke (a hash collision) are not written: their KV is not what their hash names.
+
+        Returns:
+            The number of pages queued.
+
+        Raises:
+            KeyError: unknown seq_id.
+        """
+        if self.tier is None:
+            return 0
+        seq, ps = self._get(seq_id), self.page_size
+        if seq.lossy:
+            return 0
+        page_ids: list[int] = []
+        keys: list[PageKey] = []
+        for i in range(start // ps, min(end // ps, len(seq.page_hashes))):
+            if seq.page_table[i] == -1 or seq.serials[i] is None:
+                continue
+            page_ids.append(seq.page_table[i])
+            keys.append(
+                PageKey(
+                    seq.page_hashes[i],
+                    seq.page_hashes[i - 1] if i else None,
+                    tuple(seq.token_ids[i * ps : (i + 1) * ps]),
+                )
+            )
+        self.tier.write(page_ids, keys)
+        return len(page_ids)
 
     def trim_window(self, seq_id: Hashable) -> int:
         """Drop pages outside the window of the newest token (call after a chunked prefill).
@@ -298,6 +347,41 @@ class CacheManager:
         return self._drop_lossy(seq, index)
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _restore(
+        self,
+        seq: SequencePages,
+        tokens: np.ndarray,
+        hashes: list[PageHash],
+        parent_serial: int | None,
+    ) -> None:
+        """Restore the pages after the in-memory hits from the tier into fresh pages (the
+        longest run the tier holds, at most the pages allocatable now) and register them."""
+        assert self.tier is not None
+        ps, first = self.page_size, len(seq.page_table)
+        room = min(len(hashes), first + self.num_free_pages)
+        keys = [
+            PageKey(
+                hashes[i],
+                hashes[i - 1] if i else None,
+                tuple(tokens[i * ps : (i + 1) * ps].tolist()),
+            )
+            for i in range(first, room)
+        ]
+        for key, kv in zip(keys, self.tier.lookup(keys), strict=False):
+            page_id = self.allocator.allocate(reclaim_cached=self._reclaim)
+            self.tier.load(page_id, kv)
+            serial = self.allocator.register(
+                page_id, key.page_hash, key.parent_hash, key.token_ids, parent_serial
+            )
+            if serial is None:  # the hash is taken by another prefix: stop here
+                self.allocator.free(page_id)
+                break
+            seq.page_table.append(page_id)
+            seq.page_hashes.append(key.page_hash)
+            seq.serials.append(serial)
+            parent_serial = serial
+            self.tier_restored_tokens += ps
 
     @property
     def _reclaim(self) -> bool:

@@ -193,6 +193,9 @@ class Scheduler:
     def postprocess(self, batch: ScheduledBatch, token_ids: np.ndarray) -> list[RequestOutput]:
         """Advance the scheduled sequences, append sampled tokens, finish and free.
 
+        The step's forward succeeded, so the full pages it completed go to the persistent tier
+        (:meth:`CacheManager.pages_computed`) before any sequence is freed.
+
         Args:
             batch: what :meth:`schedule` returned.
             token_ids: (len(batch.sampling_seqs),) int sampled ids, in batch order.
@@ -213,7 +216,9 @@ class Scheduler:
         sampled = iter(int(t) for t in token_ids)
         for item in batch.seqs:
             seq = item.seq
+            start = seq.num_computed_tokens
             seq.num_computed_tokens += item.num_new_tokens
+            self.cache.pages_computed(seq.seq_id, start, seq.num_computed_tokens)  # the tier
             if not item.samples:
                 continue
             seq.append_token(next(sampled), self.eos_token_ids, now)
