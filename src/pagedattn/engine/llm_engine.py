@@ -61,6 +61,7 @@ class LLMEngine:
         self.config = config
         self.model_config = mc
         self.tokenizer = tokenizer
+        self.model_fingerprint = model_fingerprint
         num_pages = cc.resolve_num_pages(mc)
         self.page_pool = PagePool(
             mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim
