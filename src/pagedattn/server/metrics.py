@@ -15,7 +15,8 @@ thread as outputs arrive:
 - histograms: ``time_to_first_token_seconds`` (first token time - arrival, once per request
   that produced a token), ``inter_token_latency_seconds`` (gap between consecutive tokens of a
   request), ``e2e_request_latency_seconds`` (finish - arrival, every request that was
-  scheduled), ``iteration_tokens_total`` and ``iteration_num_seqs`` (per model step).
+  scheduled), ``iteration_tokens_total`` and ``iteration_num_seqs`` (per model step);
+- the persistent KV tier's families (``kv_store_*``, see :mod:`pagedattn.server.kv_store_metrics`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedattn.engine.outputs import FINISH_REASONS, RequestOutput
+from pagedattn.server.kv_store_metrics import kv_store_metrics
 
 PREFIX = "pagedattn:"
 LATENCY_BUCKETS = (
@@ -126,6 +128,7 @@ class EngineStatsCollector(Collector):
         for reason, count in sorted(s["evictions"].items()):
             evictions.add_metric([m, reason], count)
         yield evictions
+        yield from kv_store_metrics(s, m)  # the persistent tier, when there is one
 
 
 class ServerMetrics:
