@@ -3,12 +3,13 @@ server killed / restarted / paused (circuit breaker), maxmemory eviction."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import pytest
 
 from pagedattn.storage.redis_store import RedisStore
-from tests.storage.pages import PAGE_SHAPE, namespace, pages
+from tests.storage.pages import PAGE_SHAPE, all_equal, namespace, pages
 from tests.storage.redis_server import RedisServer
 
 TOKENS = list(range(100, 132))
@@ -24,9 +25,7 @@ def test_round_trip_keys_ttl_and_namespaces(redis_server: RedisServer) -> None:
     written = pages(TOKENS, store.namespace)
     assert store.put(written) > 0
     got = store.get([p.key for p in written])
-    assert all(
-        g is not None and g.tobytes() == p.kv.tobytes() for g, p in zip(got, written, strict=False)
-    )
+    assert all_equal(got, written)
     client = redis_server.client()
     key = store.key(written[0].key.page_hash)
     assert key.startswith(f"pagedattn:{store.namespace.hex()}:page:")
@@ -72,9 +71,7 @@ def test_killed_then_restarted_server(redis_server: RedisServer) -> None:
     assert store.stats()["up"] is True
     store.put(written)
     got = store.get([p.key for p in written])
-    assert all(
-        g is not None and g.tobytes() == p.kv.tobytes() for g, p in zip(got, written, strict=False)
-    )
+    assert all_equal(got, written)
 
 
 def test_paused_server_costs_at_most_one_timeout(redis_server: RedisServer) -> None:
@@ -105,8 +102,36 @@ def test_maxmemory_eviction_is_a_miss(tmp_path_factory: pytest.TempPathFactory) 
         got = store.get([p.key for p in written])
         hits = [g for g in got if g is not None]
         assert 0 < len(hits) < len(written)  # some were evicted, some are still there
-        for g, p in zip(got, written, strict=False):
+        for g, p in zip(got, written, strict=True):
             assert g is None or g.tobytes() == p.kv.tobytes()
         assert store.stats()["errors"] == {}
     finally:
         server.stop()
+
+
+def _redis_writer(url: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    store = RedisStore(url, namespace(), PAGE_SHAPE, timeout_s=5.0)
+    written = pages(TOKENS, store.namespace)  # both processes write the same pages
+    ok = True
+    for _ in range(20):
+        store.put(written)
+        got = store.get([p.key for p in written])
+        ok = ok and all(
+            g is None or g.tobytes() == p.kv.tobytes() for g, p in zip(got, written, strict=True)
+        )
+    out.put((ok, store.stats()["errors"]))
+
+
+def test_two_processes_write_the_same_pages(redis_server: RedisServer) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_redis_writer, args=(redis_server.url, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert results == [(True, {}), (True, {})]
+    store = _store(redis_server)
+    written = pages(TOKENS, store.namespace)
+    assert all_equal(store.get([p.key for p in written]), written)
