@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
-from pagedattn.cache.hashing import PageHash, prefix_page_hashes
+from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
-from pagedattn.storage.record import PageKey
+from pagedattn.cache.tier_pages import computed_pages, restore_pages
 
 if TYPE_CHECKING:
     from pagedattn.storage.tier import KVTier
@@ -198,7 +198,10 @@ class CacheManager:
             for page_id in seq.page_table:
                 self.allocator.touch(page_id)
             if self.tier is not None and len(seq.page_table) < len(hashes):
-                self._restore(seq, tokens, hashes, parent_serial)
+                self.tier_restored_tokens += restore_pages(
+                    self.tier, self.allocator, seq, tokens, hashes, parent_serial,
+                    self.page_size, max_pages=self.num_free_pages, reclaim=self._reclaim,
+                )  # fmt: skip
             seq.num_tokens = len(seq.page_table) * ps
             seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
             self.prefix_query_tokens += len(tokens)
@@ -245,10 +248,8 @@ class CacheManager:
 
     def pages_computed(self, seq_id: Hashable, start: int, end: int) -> int:
         """The forward that wrote the sequence's tokens ``[start, end)`` succeeded: hand the
-        full pages it completed to the tier (write-through; a no-op without a tier).
-
-        Pages of a sequence that lost a visible page (lossy eviction) or whose prefix chain
-        broke (a hash collision) are not written: their KV is not what their hash names.
+        full pages it completed to the tier (write-through; a no-op without a tier). See
+        :func:`pagedattn.cache.tier_pages.computed_pages`.
 
         Returns:
             The number of pages queued.
@@ -258,22 +259,7 @@ class CacheManager:
         """
         if self.tier is None:
             return 0
-        seq, ps = self._get(seq_id), self.page_size
-        if seq.lossy:
-            return 0
-        page_ids: list[int] = []
-        keys: list[PageKey] = []
-        for i in range(start // ps, min(end // ps, len(seq.page_hashes))):
-            if seq.page_table[i] == -1 or seq.serials[i] is None:
-                continue
-            page_ids.append(seq.page_table[i])
-            keys.append(
-                PageKey(
-                    seq.page_hashes[i],
-                    seq.page_hashes[i - 1] if i else None,
-                    tuple(seq.token_ids[i * ps : (i + 1) * ps]),
-                )
-            )
+        page_ids, keys = computed_pages(self._get(seq_id), start, end, self.page_size)
         self.tier.write(page_ids, keys)
         return len(page_ids)
 
@@ -347,41 +333,6 @@ class CacheManager:
         return self._drop_lossy(seq, index)
 
     # ---- internals -----------------------------------------------------------------------
-
-    def _restore(
-        self,
-        seq: SequencePages,
-        tokens: np.ndarray,
-        hashes: list[PageHash],
-        parent_serial: int | None,
-    ) -> None:
-        """Restore the pages after the in-memory hits from the tier into fresh pages (the
-        longest run the tier holds, at most the pages allocatable now) and register them."""
-        assert self.tier is not None
-        ps, first = self.page_size, len(seq.page_table)
-        room = min(len(hashes), first + self.num_free_pages)
-        keys = [
-            PageKey(
-                hashes[i],
-                hashes[i - 1] if i else None,
-                tuple(tokens[i * ps : (i + 1) * ps].tolist()),
-            )
-            for i in range(first, room)
-        ]
-        for key, kv in zip(keys, self.tier.lookup(keys), strict=False):
-            page_id = self.allocator.allocate(reclaim_cached=self._reclaim)
-            self.tier.load(page_id, kv)
-            serial = self.allocator.register(
-                page_id, key.page_hash, key.parent_hash, key.token_ids, parent_serial
-            )
-            if serial is None:  # the hash is taken by another prefix: stop here
-                self.allocator.free(page_id)
-                break
-            seq.page_table.append(page_id)
-            seq.page_hashes.append(key.page_hash)
-            seq.serials.append(serial)
-            parent_serial = serial
-            self.tier_restored_tokens += ps
 
     @property
     def _reclaim(self) -> bool:
