@@ -2,13 +2,13 @@
 
 Keys are ``<key_prefix>:<namespace hex>:page:<hash hex>`` (one prefix per namespace, so
 models never mix and ``SCAN`` can list one model's pages) with a TTL; documents are
-``<key_prefix>:doc:<name>``. Batches go out as one non-transactional pipeline per call (one
-round trip, as LMCache's Redis connector batches). Every socket operation has an explicit
-timeout and no retry; a connection error or timeout opens a :class:`CircuitBreaker`: the
-tier then answers "miss" (reads) or drops (writes) at once until the cool-down has passed,
-so a dead or stalled Redis costs a request at most one timeout, and the tier comes back by
-itself with Redis. Deploy Redis with ``maxmemory`` and ``maxmemory-policy allkeys-lru``; an
-evicted key is a plain miss.
+``<key_prefix>:doc:<name>``. Batches go out as non-transactional pipelines of at most
+``batch_pages`` commands (one round trip each, as LMCache's Redis connector batches). Every
+socket operation has an explicit timeout and no retry; a connection error or timeout opens a
+:class:`CircuitBreaker`: the tier then answers "miss" (reads) or drops (writes) at once until
+the cool-down has passed, so a dead or stalled Redis costs a request at most one timeout, and
+the tier comes back by itself with Redis. Deploy Redis with ``maxmemory`` and
+``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class RedisStore(BaseStore):
         timeout_s: connect and read/write timeout of every socket operation (> 0).
         cooldown_s: how long the breaker stays open after a failure.
         key_prefix: first part of every key.
+        batch_pages: most commands per pipeline round trip (a SmolLM2-135M page is 720 KiB).
 
     Raises:
         ValueError: a URL that is not ``redis://``, a bad ttl or timeout.
@@ -61,6 +62,7 @@ class RedisStore(BaseStore):
         timeout_s: float = 0.5,
         cooldown_s: float = 2.0,
         key_prefix: str = "pagedattn",
+        batch_pages: int = 8,
     ) -> None:
         super().__init__(namespace, page_shape, dtype)
         if urlparse(url).scheme != "redis":
@@ -73,6 +75,9 @@ class RedisStore(BaseStore):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
+        if batch_pages < 1:
+            raise ValueError(f"batch_pages: expected >= 1, got {batch_pages}")
+        self.batch_pages = batch_pages
         self.url = url
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
@@ -94,15 +99,19 @@ class RedisStore(BaseStore):
 
     # ---- remote calls through the breaker ------------------------------------------------
     def _call(self, commands: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any] | None:
-        """Run commands in one pipeline; None when the breaker is open or the call failed."""
+        """Run commands in pipelines of at most :attr:`batch_pages` commands each (so that one
+        round trip moves a bounded number of bytes); None when the breaker is open or a
+        pipeline failed (then the whole call is a miss / a lost write)."""
         if not self.breaker.allow():
             self.count_error("circuit_open")
             return None
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for name, args in commands:
-                getattr(pipe, name)(*args)
-            result = list(pipe.execute())
+            result: list[Any] = []
+            for lo in range(0, len(commands), self.batch_pages):
+                pipe = self.client.pipeline(transaction=False)
+                for name, args in commands[lo : lo + self.batch_pages]:
+                    getattr(pipe, name)(*args)
+                result += pipe.execute()
         except self._errors_caught as exc:
             timeout = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc)
             self.count_error("timeout" if timeout else "unavailable")
