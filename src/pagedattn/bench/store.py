@@ -75,7 +75,8 @@ def run_store_bench(
         workdir: where the disk tier lives (default: a temporary directory, removed after).
 
     Returns:
-        ``{"prompt_tokens", "page_size", "rows": {name: {"ttft_s", "cached_tokens"}},
+        ``{"prompt_tokens", "page_size", "rows": {name: {"ttft_s", "cached_tokens"[,
+        "errors"]}},
         "write": {name: {"bytes_s", "pages"}}, "raw_write_bytes_s"}``.
     """
     from pagedattn.model.llama import LlamaModel
@@ -116,10 +117,16 @@ def run_store_bench(
             written = _page_snapshot(warm, prompt, page_size)
             warm.close()
             progress(f"{name}: restore")
-            runs = [_ttft(engine(store_for(spec)), prompt) for _ in range(repeats)]
+            runs, errors = [], {}
+            for _ in range(repeats):
+                restoring = engine(store_for(spec))
+                runs.append(_ttft(restoring, prompt))
+                errors.update(restoring.get_stats()["kv_store"]["errors"])
+                restoring.close()
             rows[name] = {
                 "ttft_s": statistics.median(r[0] for r in runs),
                 "cached_tokens": min(r[1] for r in runs),
+                "errors": errors,
             }
             store = store_for(spec)
             if name == "disk":  # time fresh files, not skipped existing ones

@@ -82,6 +82,9 @@ def bench_store(
             label, f"{row['ttft_s'] * 1e3:.1f}", str(row["cached_tokens"]), f"{speedup:.1f}x"
         )
     console.print(table)
+    for name, row in figures["rows"].items():
+        if row.get("errors"):
+            console.print(f"[yellow]{name} tier errors (misses): {row['errors']}[/yellow]")
     raw = figures["raw_write_bytes_s"]
     writes = Table(title="tier writes (synchronous put of the prompt's pages) vs raw file write")
     for name in ("writer", "MB/s", "% of raw file write"):
