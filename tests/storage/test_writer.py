@@ -57,3 +57,28 @@ def test_breaker_opens_then_probes_then_closes() -> None:
     assert breaker.allow()
     breaker.success()
     assert breaker.is_closed and breaker.allow() and breaker.num_opened == 1
+
+
+def test_tier_write_drops_when_the_queue_is_full() -> None:
+    """KVTier.write (the engine-thread side) never waits: with the store stuck, pages beyond
+    the queue are dropped and counted, and what was queued lands once the store frees."""
+    import numpy as np
+
+    from pagedattn.storage.tier import KVTier
+
+    store = _BlockedStore()
+    store.stats = lambda: {}  # type: ignore[method-assign]
+    kv = np.random.default_rng(0).standard_normal((2, 2, 8, 2, 4, 8)).astype(np.float32)
+    tier = KVTier(store, kv, max_pending=1)  # type: ignore[arg-type]
+    keys = [p.key for p in pages(list(range(32)), store.namespace)]
+    for i in range(8):
+        tier.write([i], [keys[i]])
+    # 1 queued (+ 1 in the stuck put if the thread took it already), the rest dropped
+    assert 6 <= tier.writer.num_dropped <= 7
+    store.release.set()
+    tier.flush()
+    assert len(store.written) == 8 - tier.writer.num_dropped
+    for page in store.written:  # each queued page is the pool page as it was when written
+        i = keys.index(page.key)
+        assert page.kv.tobytes() == kv[:, :, i].tobytes()
+    assert tier.stats()["writes_dropped"] == tier.writer.num_dropped
