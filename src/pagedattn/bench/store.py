@@ -151,6 +151,32 @@ def run_store_bench(
     }
 
 
+def measure(args: dict[str, Any], progress: Callable[[str, int, int], None]) -> dict[str, Any]:
+    """Worker entry (``pagedattn.bench.worker``, which sets numba and BLAS threads): load
+    ``args["model"]``, cut ``args["prompt_len"]`` tokens from ``args["prompt_file"]`` and run
+    :func:`run_store_bench`. Returns its figures plus ``model_name`` and ``threads``."""
+    import numba
+
+    from pagedattn.bench.corpus import corpus_token_ids
+    from pagedattn.model.loader import load_model
+
+    loaded = load_model(args["model"])
+    prompt_file = Path(args["prompt_file"]) if args["prompt_file"] else None
+    prompt = corpus_token_ids(loaded.tokenizer, prompt_file, args["prompt_len"])
+    steps = iter(range(1, 100))
+    figures = run_store_bench(
+        loaded,
+        prompt[: args["prompt_len"]],
+        page_size=args["page_size"],
+        repeats=args["repeats"],
+        redis_url=args["redis_url"],
+        progress=lambda what: progress(what, next(steps), 0),
+    )
+    figures["model_name"] = loaded.source.name
+    figures["threads"] = numba.get_num_threads()
+    return figures
+
+
 def _page_snapshot(engine: LLMEngine, prompt: list[int], page_size: int) -> list[StoredPage]:
     """The prompt's full pages as the warm engine holds them (for the write measurement)."""
     from pagedattn.cache.hashing import prefix_page_hashes

@@ -29,7 +29,9 @@ def bench_store(
             "free loopback port if one is installed, else the row is skipped."
         ),
     ] = None,
-    threads: Annotated[int, typer.Option(min=1, help="numba / BLAS threads.")] = 2,
+    threads: Annotated[
+        int, typer.Option(min=1, help="numba / BLAS threads of the measuring process.")
+    ] = 2,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -37,41 +39,39 @@ def bench_store(
     """Time to first token of one --prompt-len prompt on a fresh engine: recomputed vs restored
     from the disk tier vs from Redis (target: restore >= 10x faster), and the tier's write
     throughput vs the same run's raw file-write bandwidth."""
-    import numba
     from rich.console import Console
     from rich.table import Table
 
-    from pagedattn.bench.corpus import corpus_token_ids
-    from pagedattn.bench.store import run_store_bench
-    from pagedattn.model.loader import load_model
+    from pagedattn.bench.worker import run_worker
 
     console = Console()
     with cli_errors():
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
-        loaded = load_model(model)
-        prompt = corpus_token_ids(loaded.tokenizer, prompt_file, prompt_len)[:prompt_len]
         private = None
         if redis is None and shutil.which("redis-server"):
             from pagedattn.bench.redis_server import PrivateRedis
 
             private = PrivateRedis()
             redis = private.url
+        args = {
+            "model": model,
+            "prompt_file": None if prompt_file is None else str(prompt_file),
+            "prompt_len": prompt_len,
+            "page_size": page_size,
+            "repeats": repeats,
+            "redis_url": redis,
+        }
         try:
-            figures = run_store_bench(
-                loaded,
-                prompt,
-                page_size=page_size,
-                repeats=repeats,
-                redis_url=redis,
-                progress=lambda what: console.print(f"[dim]{what}...[/dim]"),
+            figures = run_worker(
+                "store", args, threads, lambda what, *_: console.print(f"[dim]{what}...[/dim]")
             )
         finally:
             if private is not None:
                 private.stop()
     recompute = figures["rows"]["recompute"]["ttft_s"]
     table = Table(
-        title=f"bench store: {loaded.source.name}, {len(prompt)}-token prompt, page_size "
-        f"{page_size}, {numba.get_num_threads()} threads, median of {repeats}"
+        title=f"bench store: {figures['model_name']}, {figures['prompt_tokens']}-token prompt, "
+        f"page_size {page_size}, {figures['threads']} threads (numba and BLAS), median of "
+        f"{repeats}"
     )
     for name in ("time to first token", "ms", "prompt tokens restored", "speedup vs recompute"):
         table.add_column(name, justify="right")
