@@ -28,18 +28,23 @@ def _chat(lines: list[str], *args: str) -> tuple[list[str], str]:
     return [t.removesuffix("\n") for t in turns if t.strip()], result.stderr
 
 
-def test_chat_session_resumes_after_restart(tiny_gguf: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("evicted", [False, True])
+def test_chat_session_resumes_after_restart(tiny_gguf: Path, tmp_path: Path, evicted: bool) -> None:
     common = ["-m", str(tiny_gguf), "--page-size", "4", "--max-tokens", "8", "--ignore-eos"]
     # the oracle: one process, both turns, no store
     whole, _ = _chat(["the cat sat", "and then?"], *common)
     store = ["--kv-store", str(tmp_path), "--session", "s1", "--stats"]
     first, err1 = _chat(["the cat sat"], *common, *store)
     assert "new session 's1'" in err1 and first == whole[:1]
+    if evicted:  # the tier lost every page: the conversation comes back, its KV is recomputed
+        for page in (tmp_path / "kv").rglob("*.page"):
+            page.unlink()
     second, err2 = _chat(["and then?"], *common, *store)  # a restart: empty pool
     assert "resumed session 's1': 1 turns" in err2
     assert second == whole[1:]  # the same answer as without the restart
     (cached, _), tier = CACHED.findall(err2)[0], int(TIER.findall(err2)[0])
-    assert tier > 0 and int(cached) == tier  # every reused page came from the tier
+    assert int(cached) == tier  # every reused page came from the tier
+    assert tier == 0 if evicted else tier > 0
     assert (tmp_path / "documents" / "session-s1.json").is_file()
 
 
