@@ -230,15 +230,17 @@ class EngineConfig:
         cache: the KV cache configuration.
         scheduler: the batching configuration.
         seed: seed of the engine generator that unseeded requests draw their own seeds from.
+        kv_store: the persistent KV tier: a directory, or ``redis://HOST:PORT/DB``; None = none.
 
     Raises:
-        ValueError: a negative seed, or a cache/scheduler of the wrong type.
+        ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store.
     """
 
     model: str | None = None
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     seed: int = 0
+    kv_store: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, CacheConfig):
@@ -249,3 +251,8 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"EngineConfig.seed: expected an int >= 0, got {self.seed!r}")
+        if self.kv_store is not None and (not isinstance(self.kv_store, str) or not self.kv_store):
+            raise ValueError(
+                "EngineConfig.kv_store: expected None, a directory or redis://HOST:PORT/DB, "
+                f"got {self.kv_store!r}"
+            )

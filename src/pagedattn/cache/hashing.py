@@ -109,14 +109,17 @@ def cache_namespace(
     sliding_window: int | None = None,
     num_sink_tokens: int = 0,
     position_mode: str = "absolute",
+    backend: str = "numpy",
+    device: str = "cpu",
     layout_version: int = LAYOUT_VERSION,
 ) -> bytes:
     """Namespace bytes that make page hashes specific to everything that shapes a page's KV.
 
-    Two caches share pages only when every field matches: the model weights (fingerprint),
-    storage dtype, page geometry, RoPE parameters, the attention pattern the KV was computed
-    under (window, sinks, position mode: with a window the KV of deeper layers differs from
-    full attention) and the layout version.
+    Two caches share pages only when every field matches: the model weights and tokenizer
+    (fingerprint of the files' content), compute backend and device, storage dtype, page
+    geometry, RoPE parameters, the attention pattern the KV was computed under (window, sinks,
+    position mode: with a window the KV of deeper layers differs from full attention) and the
+    layout version.
 
     Args:
         model_fingerprint: stable id of the weights (e.g. a digest of the model file).
@@ -126,6 +129,9 @@ def cache_namespace(
         rope_scaling: canonical text of any RoPE scaling config ("" for none).
         sliding_window: W or None; num_sink_tokens: S >= 0.
         position_mode: ``"absolute"`` or ``"shifted"``.
+        backend, device: the compute backend and device with its precision mode (e.g.
+            ``"numpy"``, ``"cpu"``): other kernels give other KV bits, so their pages are
+            never mixed, in memory or in a persistent tier.
         layout_version: see :data:`LAYOUT_VERSION`.
 
     Returns:
@@ -169,5 +175,7 @@ def cache_namespace(
         f"sliding_window={sliding_window}",
         f"num_sink_tokens={num_sink_tokens}",
         f"position_mode={position_mode}",
+        f"backend={backend}",
+        f"device={device}",
     )
     return xxhash.xxh3_128_digest("\n".join(fields).encode("utf-8"))

@@ -21,13 +21,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
 from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
+from pagedattn.cache.tier_pages import computed_pages, restore_pages
+
+if TYPE_CHECKING:
+    from pagedattn.storage.tier import KVTier
 
 EvictionPolicy = Literal["reclaim", "evict_idle", "raise"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("reclaim", "evict_idle", "raise")
@@ -52,9 +56,13 @@ class CacheManager:
             least recently accessed other sequence (lossy: its entry becomes -1);
             ``"raise"`` never reuse cached pages.
         enable_prefix_caching: hash full pages and share them between sequences.
+        tier: the persistent tier below the pool (:class:`pagedattn.storage.tier.KVTier`), or
+            None. On a prefix-cache miss :meth:`add_sequence` restores the longest run of the
+            following pages from it; :meth:`pages_computed` writes newly computed full pages
+            to it. Needs prefix caching (pages are named by their prefix hash).
 
     Raises:
-        ValueError: a bad size, window, sink count or policy.
+        ValueError: a bad size, window, sink count or policy; a tier without prefix caching.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class CacheManager:
         num_sink_tokens: int = 0,
         policy: EvictionPolicy = "reclaim",
         enable_prefix_caching: bool = True,
+        tier: KVTier | None = None,
     ) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
@@ -76,7 +85,11 @@ class CacheManager:
             raise ValueError(f"num_sink_tokens must be >= 0, got {num_sink_tokens}")
         if policy not in EVICTION_POLICIES:
             raise ValueError(f"policy must be one of {EVICTION_POLICIES}, got {policy!r}")
+        if tier is not None and not enable_prefix_caching:
+            raise ValueError("kv_store: needs prefix caching (pages are named by prefix hash)")
         self.allocator = PageAllocator(num_pages, namespace)
+        self.tier = tier
+        self.tier_restored_tokens = 0
         self.page_size = page_size
         self.namespace = namespace
         self.sliding_window = sliding_window
@@ -194,6 +207,11 @@ class CacheManager:
                 parent_serial = record.serial
             for page_id in seq.page_table:
                 self.allocator.touch(page_id)
+            if self.tier is not None and len(seq.page_table) < len(hashes):
+                self.tier_restored_tokens += restore_pages(
+                    self.tier, self.allocator, seq, tokens, hashes, parent_serial,
+                    self.page_size, max_pages=self.num_free_pages, reclaim=self._reclaim,
+                )  # fmt: skip
             seq.num_tokens = seq.num_written_tokens = len(seq.page_table) * ps
             seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
             self.prefix_query_tokens += len(tokens)
@@ -237,13 +255,30 @@ class CacheManager:
         self._seqs.move_to_end(seq_id)
         return slots
 
+    def pages_computed(self, seq_id: Hashable, start: int, end: int) -> int:
+        """The forward that wrote the sequence's tokens ``[start, end)`` succeeded: hand the
+        full pages it completed to the tier (write-through; a no-op without a tier). See
+        :func:`pagedattn.cache.tier_pages.computed_pages`.
+
+        Returns:
+            The number of pages queued.
+
+        Raises:
+            KeyError: unknown seq_id.
+        """
+        if self.tier is None:
+            return 0
+        page_ids, keys = computed_pages(self._get(seq_id), start, end, self.page_size)
+        self.tier.write(page_ids, keys)
+        return len(page_ids)
+
     def commit_written(self, seq_id: Hashable, num_tokens: int | None = None) -> list[int]:
         """The commit point: the KV of the sequence's reserved slots up to ``num_tokens`` was
         written by a forward that succeeded; pages that are now full of written tokens enter
         the prefix index (and only now become visible to other requests).
 
-        This is the one place a page becomes shareable, so a write-through to a persistent
-        tier belongs here too (it gets exactly the page ids returned).
+        This is the one place a page becomes shareable; the scheduler hands the same pages to
+        the persistent tier right after (:meth:`pages_computed`).
 
         Args:
             seq_id: an existing sequence.

@@ -10,11 +10,14 @@ window) and ``eviction="evict_idle"``, the stream drops its own oldest non-sink 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
+from pagedattn.cache.hashing import cache_namespace, hash_page_tokens
 from pagedattn.cache.manager import EVICTION_POLICIES, CacheManager, EvictionPolicy
 from pagedattn.cache.page_pool import PagePool
+from pagedattn.storage.record import PageKey
 
 _SEQ = 0
 
@@ -170,6 +173,84 @@ class KVStream:
         self.max_pages_resident = max(self.max_pages_resident, self.pages_resident)
         result: np.ndarray = out[0]
         return result
+
+    # ---- persistence -----------------------------------------------------------------------
+
+    @property
+    def namespace(self) -> bytes:
+        """What a saved stream must match to be loaded: geometry, window, sinks, dtype."""
+        return cache_namespace(
+            model_fingerprint="kvstream",
+            dtype="float32",
+            page_size=self.page_size,
+            num_layers=1,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rope_theta=1.0,
+            rope_scaling=f"num_heads={self.num_heads},scale={self.scale!r}",
+            sliding_window=self.sliding_window,
+            num_sink_tokens=self.num_sink_tokens,
+        )
+
+    def _page_keys(self, num_tokens: int) -> list[PageKey]:
+        """Key of every page (resident or not): chained hashes over the page's positions."""
+        ps, keys, parent = self.page_size, [], None
+        for first in range(0, num_tokens, ps):
+            positions = tuple(range(first, min(first + ps, num_tokens)))
+            page_hash = hash_page_tokens(parent, np.asarray(positions), self.namespace)
+            keys.append(PageKey(page_hash, parent, positions))
+            parent = page_hash
+        return keys
+
+    def save(self, path: str | Path) -> None:
+        """Write the resident pages and the stream position to ``path`` (atomic), in the page
+        record format of :mod:`pagedattn.storage.record` (never pickle).
+
+        Raises:
+            OSError: the write failed.
+        """
+        from pagedattn.storage.stream_file import write_stream_file
+
+        keys = self._page_keys(self.num_tokens)
+        pages = [
+            (keys[i], self.pool.kv[:, :, page_id])
+            for i, page_id in enumerate(self.page_table)
+            if page_id != -1
+        ]
+        write_stream_file(path, self.namespace, self.num_tokens, pages)
+
+    def load(self, path: str | Path) -> None:
+        """Restore a saved stream into this fresh stream (same configuration).
+
+        The page table is rebuilt by replaying the saved number of tokens through the same
+        window / eviction rules, then every resident page takes its saved KV; each record is
+        checked (checksum, namespace = this configuration, hash chain, positions, shape).
+
+        Raises:
+            ValueError: this stream has already written tokens.
+            RecordError: a damaged file, or one saved under another configuration.
+        """
+        from pagedattn.storage.record import RecordError
+        from pagedattn.storage.stream_file import read_stream_file
+
+        if self.num_tokens:
+            raise ValueError(
+                f"load: expected a fresh stream, this one has {self.num_tokens} tokens"
+            )
+        shape = (1, 2, self.num_kv_heads, self.page_size, self.head_dim)
+        num_tokens, records = read_stream_file(path, self.namespace, shape, np.float32)
+        keys = self._page_keys(num_tokens)
+        for pos in range(num_tokens):
+            if self.eviction == "evict_idle" and not self.manager.can_append(_SEQ, 1):
+                self.manager.evict_oldest_page(_SEQ)
+            self.manager.append_slots(_SEQ, [pos])
+            self.max_pages_resident = max(self.max_pages_resident, self.pages_resident)
+        resident = [(i, p) for i, p in enumerate(self.page_table) if p != -1]
+        if [r.key for r in records] != [keys[i] for i, _ in resident]:
+            raise RecordError("tokens", f"{path}: the saved pages are not this stream's pages")
+        for (_, page_id), record in zip(resident, records, strict=True):
+            self.pool.kv[:, :, page_id] = record.kv
+        self.tokens_attended = int(self.attended_positions().size) if num_tokens else 0
 
     @staticmethod
     def _check(name: str, a: np.ndarray, shape: tuple[int, int], names: str) -> None:

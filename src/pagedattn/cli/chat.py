@@ -14,12 +14,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
+    ENGINE,
     IgnoreEosOption,
     KvCacheMibOption,
+    KvStoreOption,
     MaxTokensOption,
     ModelOption,
     PageSizeOption,
@@ -97,6 +101,40 @@ class Conversation:
         self.text = prompt_text + self.tokenizer.decode(answer_ids, skip_special_tokens=False)
 
 
+def _resume(engine: Any, conversation: Conversation, session: str) -> None:
+    """Load session ``session`` from the engine's kv store into ``conversation`` (if saved).
+
+    Raises:
+        ValueError: a saved document that is not a valid session of this model.
+    """
+    from pagedattn.cli import session as sessions
+
+    data = engine.kv_tier.store.get_document(sessions.document_name(session))
+    if data is None:
+        print(f"(new session {session!r})", file=sys.stderr, flush=True)
+        return
+    doc = sessions.decode_session(data, engine.model_fingerprint, engine.model_config.vocab_size)
+    conversation.messages = doc["messages"]
+    conversation.token_ids = doc["token_ids"]
+    conversation.text = doc["text"]
+    turns = sum(m["role"] == "user" for m in conversation.messages)
+    print(f"(resumed session {session!r}: {turns} turns)", file=sys.stderr, flush=True)
+
+
+def _save(engine: Any, conversation: Conversation, session: str | None) -> None:
+    """Save the conversation under ``session`` (no-op without one). The turn's pages are
+    already queued for the tier; the document is written now."""
+    if session is None:
+        return
+    from pagedattn.cli import session as sessions
+
+    data = sessions.encode_session(conversation, engine.model_fingerprint)
+    try:
+        engine.kv_tier.store.put_document(sessions.document_name(session), data)
+    except OSError as exc:
+        print(f"warning: session not saved: {exc}", file=sys.stderr, flush=True)
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -118,6 +156,15 @@ def chat(
     sinks: SinksOption = 0,
     position_mode: PositionModeOption = "absolute",
     prefix_caching: PrefixCachingOption = True,
+    kv_store: KvStoreOption = None,
+    session: Annotated[
+        str | None,
+        typer.Option(
+            help="Save the conversation under NAME in the kv store and resume it on the next "
+            "start (default store: the user cache folder).",
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
     stats: StatsOption = False,
 ) -> None:
     """Chat with the model: one message per line on stdin, answers streamed to stdout.
@@ -127,9 +174,14 @@ def chat(
     Every turn reuses the KV pages of the conversation so far (--stats shows how many prompt
     tokens came from the cache). Defaults: greedy (temperature 0), at most 256 tokens a turn.
     """
+    from pagedattn.cli import session as sessions
     from pagedattn.cli.stream import format_stats, stream_request
 
     with cli_errors():
+        if session is not None:
+            sessions.document_name(session)  # check the name before loading the model
+            if kv_store is None:
+                kv_store = str(sessions.default_store_dir())
         params = build_sampling_params(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -146,36 +198,44 @@ def chat(
             sinks=sinks,
             position_mode=position_mode,
             prefix_caching=prefix_caching,
+            kv_store=kv_store,
         )
         conversation = Conversation(engine.tokenizer, system)
         conversation.prompt_for("")  # fail now if the model has no chat template
+        if session is not None:
+            _resume(engine, conversation, session)
         print(HELP_TEXT, file=sys.stderr, flush=True)
-        while True:
-            _write(PROMPT_MARKER)
-            line = sys.stdin.readline()
-            if not line:  # end of input
+        try:
+            while True:
+                _write(PROMPT_MARKER)
+                line = sys.stdin.readline()
+                if not line:  # end of input
+                    _write("\n")
+                    return
+                user = line.rstrip("\r\n")
+                command = user.strip()
+                if command == "/exit":
+                    return
+                if command == "/reset":
+                    conversation.reset()
+                    _save(engine, conversation, session)
+                    print("(conversation cleared)", file=sys.stderr, flush=True)
+                    continue
+                if not command:
+                    continue
+                ids, text = conversation.prompt_for(user)
+                try:
+                    result = stream_request(engine, ids, params, _write)
+                except KeyboardInterrupt:
+                    print("\n(interrupted; the turn was dropped)", file=sys.stderr, flush=True)
+                    continue
                 _write("\n")
-                return
-            user = line.rstrip("\r\n")
-            command = user.strip()
-            if command == "/exit":
-                return
-            if command == "/reset":
-                conversation.reset()
-                print("(conversation cleared)", file=sys.stderr, flush=True)
-                continue
-            if not command:
-                continue
-            ids, text = conversation.prompt_for(user)
-            try:
-                result = stream_request(engine, ids, params, _write)
-            except KeyboardInterrupt:
-                print("\n(interrupted; the turn was dropped)", file=sys.stderr, flush=True)
-                continue
-            _write("\n")
-            if result.error:
-                print(f"error: {result.error} (use /reset)", file=sys.stderr, flush=True)
-                continue
-            conversation.record(user, ids, text, result.token_ids, result.text)
-            if stats:
-                print(format_stats(result), file=sys.stderr, flush=True)
+                if result.error:
+                    print(f"error: {result.error} (use /reset)", file=sys.stderr, flush=True)
+                    continue
+                conversation.record(user, ids, text, result.token_ids, result.text)
+                _save(engine, conversation, session)
+                if stats:
+                    print(format_stats(result), file=sys.stderr, flush=True)
+        finally:
+            engine.close()  # the queued kv-store writes land before the process exits

@@ -11,6 +11,7 @@ from pagedattn.cli.app import app
 from pagedattn.cli.options import (
     IgnoreEosOption,
     KvCacheMibOption,
+    KvStoreOption,
     MaxTokensOption,
     ModelOption,
     PageSizeOption,
@@ -53,6 +54,7 @@ def generate(
     sinks: SinksOption = 0,
     position_mode: PositionModeOption = "absolute",
     prefix_caching: PrefixCachingOption = True,
+    kv_store: KvStoreOption = None,
     stats: StatsOption = False,
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
@@ -82,6 +84,7 @@ def generate(
             sinks=sinks,
             position_mode=position_mode,
             prefix_caching=prefix_caching,
+            kv_store=kv_store,
         )
         tokenizer = engine.tokenizer
         if raw:
@@ -93,7 +96,10 @@ def generate(
 
         from pagedattn.cli.stream import format_stats, stream_request
 
-        result = stream_request(engine, ids, params, _write)
+        try:
+            result = stream_request(engine, ids, params, _write)
+        finally:
+            engine.close()  # the queued kv-store writes land before the process exits
         _write("\n")
         if result.error:
             raise ValueError(result.error)

@@ -67,6 +67,15 @@ PrefixCachingOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+KvStoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-store",
+        help="Persistent KV tier: a directory, or redis://HOST:PORT/DB. Full pages are written "
+        "there and a later run (or another server) restores them instead of recomputing.",
+        rich_help_panel=ENGINE,
+    ),
+]
 
 # ---- sampling --------------------------------------------------------------------------------
 MaxTokensOption = Annotated[
@@ -112,6 +121,7 @@ def build_engine(
     sinks: int,
     position_mode: str,
     prefix_caching: bool = True,
+    kv_store: str | None = None,
 ) -> LLMEngine:
     """Load the model and build an engine from the shared engine options.
 
@@ -119,7 +129,8 @@ def build_engine(
         model: model path or None (the embedded model).
         page_size: tokens per page; kv_cache_mib: KV budget in MiB; sliding_window: W in
             tokens, 0 = none; sinks: sink tokens; position_mode: "absolute" or "shifted";
-            prefix_caching: enable the prefix cache.
+            prefix_caching: enable the prefix cache; kv_store: the persistent tier (a
+            directory or redis://HOST:PORT/DB) or None.
 
     Raises:
         ValueError: a value the configs reject; FileNotFoundError: a missing model.
@@ -137,6 +148,7 @@ def build_engine(
         num_sink_tokens=sinks,
         position_mode=position_mode,
         enable_prefix_caching=prefix_caching,
+        kv_store=kv_store,
     )
     return LLMEngine.from_config(config)
 

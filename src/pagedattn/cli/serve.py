@@ -42,6 +42,12 @@ def serve(
         int | None, typer.Option(min=1, help="Most tokens per request; default: model context.")
     ] = None,
     prefix_caching: Annotated[bool, typer.Option(help="Reuse cached prompt pages.")] = True,
+    kv_store: Annotated[
+        str | None,
+        typer.Option(
+            help="Persistent KV tier shared by servers: a directory or redis://HOST:PORT/DB."
+        ),
+    ] = None,
     default_max_tokens: Annotated[
         int, typer.Option(min=1, help="Cap on a chat request's default max_tokens.")
     ] = 1024,
@@ -87,6 +93,7 @@ def serve(
             max_model_len=max_model_len,
             enable_prefix_caching=prefix_caching,
             long_prefill_token_threshold=long_prefill_token_threshold,
+            kv_store=kv_store,
             seed=seed,
         )
     except (FileNotFoundError, ValueError) as exc:

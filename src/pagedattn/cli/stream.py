@@ -49,6 +49,7 @@ class StreamResult:
         decode_s: first token -> last token, seconds (covers ``len(token_ids) - 1`` tokens).
         peak_pages: most KV pages referenced while a step of this request ran.
         num_pages, page_size: the pool's size and page size.
+        num_tier_tokens: prompt tokens restored from the persistent KV tier (None: no tier).
     """
 
     prompt_token_ids: list[int]
@@ -63,6 +64,7 @@ class StreamResult:
     peak_pages: int = 0
     num_pages: int = 0
     page_size: int = 0
+    num_tier_tokens: int | None = None
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -105,6 +107,7 @@ def stream_request(
     request_id = engine.add_request(result.prompt_token_ids, params)
     result.num_pages = engine.cache_manager.num_pages
     result.page_size = engine.config.cache.page_size
+    tier_before = engine.cache_manager.tier_restored_tokens
     observer = _PeakPages(engine)
     engine.runner = cast("ModelRunner", observer)
     try:
@@ -135,6 +138,8 @@ def stream_request(
     finally:
         engine.runner = observer.runner
         result.peak_pages = observer.peak
+        if engine.kv_tier is not None:
+            result.num_tier_tokens = engine.cache_manager.tier_restored_tokens - tier_before
     return result
 
 
@@ -158,4 +163,6 @@ def format_stats(result: StreamResult) -> str:
         f"cached prompt tokens: {result.num_cached_tokens} of {len(result.prompt_token_ids)}",
         f"finish reason: {result.finish_reason}",
     ]
+    if result.num_tier_tokens is not None:
+        lines.insert(-1, f"prompt tokens from the kv store: {result.num_tier_tokens}")
     return "\n".join(lines)

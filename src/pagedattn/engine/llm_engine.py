@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence as SequenceABC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedattn.storage import KVStore, KVTier
 
 logger = logging.getLogger("pagedattn.engine")
 
@@ -41,9 +44,12 @@ class LLMEngine:
             its stop token ids; None = token-id prompts only, empty output text, and the model
             config's ``eos_token_id`` as the only end-of-sequence id.
         model_fingerprint: stable id of the weights, part of the prefix cache namespace.
+        kv_store: the persistent tier: a :class:`pagedattn.storage.KVStore`, or None to open
+            ``config.kv_store`` (a directory or ``redis://``) when set. Full pages are written
+            to it after the forward that filled them; a prefix-cache miss restores from it.
 
     Raises:
-        ValueError: a KV budget that holds no page.
+        ValueError: a KV budget that holds no page; a kv_store without prefix caching.
     """
 
     def __init__(
@@ -53,12 +59,14 @@ class LLMEngine:
         tokenizer: Any = None,
         *,
         model_fingerprint: str = "unnamed-model",
+        kv_store: KVStore | None = None,
     ) -> None:
         mc: ModelConfig = model.config  # type: ignore[attr-defined]
         cc, sc = config.cache, config.scheduler
         self.config = config
         self.model_config = mc
         self.tokenizer = tokenizer
+        self.model_fingerprint = model_fingerprint
         num_pages = cc.resolve_num_pages(mc)
         self.page_pool = PagePool(
             mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim
@@ -76,6 +84,8 @@ class LLMEngine:
             num_sink_tokens=cc.num_sink_tokens,
             position_mode=cc.position_mode,
         )
+        self.namespace = namespace
+        self.kv_tier = self._open_tier(kv_store, config, namespace)
         self.cache_manager = CacheManager(
             num_pages,
             cc.page_size,
@@ -83,6 +93,7 @@ class LLMEngine:
             sliding_window=cc.sliding_window,
             num_sink_tokens=cc.num_sink_tokens,
             enable_prefix_caching=cc.enable_prefix_caching,
+            tier=self.kv_tier,
         )
         if tokenizer is not None:
             eos: frozenset[int] = frozenset(tokenizer.stop_token_ids)
@@ -109,6 +120,27 @@ class LLMEngine:
         self._special_ids = self._special_token_ids()
         self._rng = np.random.default_rng(config.seed)
         self._seq_ids = itertools.count()
+
+    def _open_tier(
+        self, store: KVStore | None, config: EngineConfig, namespace: bytes
+    ) -> KVTier | None:
+        if store is None and config.kv_store is None:
+            return None
+        if not config.cache.enable_prefix_caching:
+            raise ValueError("kv_store: needs prefix caching (pages are named by prefix hash)")
+        from pagedattn.storage import KVTier, open_store
+
+        if store is None:
+            assert config.kv_store is not None
+            pool = self.page_pool
+            page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
+            store = open_store(config.kv_store, namespace, page_shape, pool.kv.dtype)
+        return KVTier(store, self.page_pool.kv)
+
+    def close(self) -> None:
+        """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
+        if self.kv_tier is not None:
+            self.kv_tier.close()
 
     @classmethod
     def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
@@ -267,7 +299,9 @@ class LLMEngine:
 
         Keys: every SchedulerStats field, ``num_running``, ``num_waiting``, ``num_pages``,
         ``num_free_pages``, ``kv_cache_usage`` (fraction of pages referenced), and
-        ``evictions`` (dict reason -> count from the cache manager).
+        ``evictions`` (dict reason -> count from the cache manager), ``tier_restored_tokens``
+        (prompt tokens restored from the persistent tier) and ``kv_store`` (the tier's
+        :meth:`pagedattn.storage.KVTier.stats`, None without a tier).
         """
         s = self.scheduler.stats
         pages = self.cache_manager.num_pages
@@ -280,4 +314,6 @@ class LLMEngine:
             "num_free_pages": self.cache_manager.num_free_pages,
             "kv_cache_usage": referenced / pages,
             "evictions": self.cache_manager.evictions,
+            "tier_restored_tokens": self.cache_manager.tier_restored_tokens,
+            "kv_store": None if self.kv_tier is None else self.kv_tier.stats(),
         }

@@ -222,8 +222,12 @@ class Scheduler:
         (:meth:`CacheManager.commit_written`). Called by :meth:`postprocess`, never for a
         failed step."""
         for item in batch.seqs:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.cache.commit_written(item.seq.seq_id, item.seq.num_computed_tokens)
+            seq = item.seq
+            start = seq.num_computed_tokens
+            seq.num_computed_tokens += item.num_new_tokens
+            self.cache.commit_written(seq.seq_id, seq.num_computed_tokens)
+            # write-through of the full pages it completed (a no-op without a tier)
+            self.cache.pages_computed(seq.seq_id, start, seq.num_computed_tokens)
 
     def postprocess(self, batch: ScheduledBatch, out: SamplerOutput) -> list[RequestOutput]:
         """Commit the step (:meth:`commit_written`), record prompt logprobs, fork, append
@@ -232,6 +236,9 @@ class Scheduler:
         A request whose own row failed (``out.errors``) or whose token cannot be turned into
         text (a detokenizer or stop-string error) finishes with reason "error" and that
         message; the other requests are unaffected.
+
+        The step's forward succeeded, so the full pages it completed also go to the persistent
+        tier (:meth:`CacheManager.pages_computed`) before any sequence is freed.
 
         Args:
             batch: what :meth:`schedule` returned.

@@ -43,8 +43,9 @@ class LoadedModel:
         weights: float32 tensors by Hugging Face name (``model.layers.0.self_attn.q_proj.weight``
             ...), linear weights as (out_features, in_features); q/k in HF (rotate-half) order.
         tokenizer: the model's tokenizer and chat template.
-        fingerprint: ``"xxh3_128:<hex>"`` digest of the model file bytes (the prefix-cache
-            namespace).
+        fingerprint: ``"xxh3_128:<hex>"`` digest of the model file bytes (a GGUF holds its
+            tokenizer; a folder's digest covers config, weights and tokenizer files), part of
+            the prefix-cache namespace.
         source: the file or folder it was loaded from.
         quantized: GGUF Q4_0/Q4_1/Q8_0 matrices in exact block form, by HF name (a subset of
             ``weights``; empty for float checkpoints). LlamaModel uses them for decode steps.
@@ -101,7 +102,13 @@ def _load_folder(folder: Path) -> LoadedModel:
     if config.eos_token_id is not None:
         stops.append(config.eos_token_id)
     tokenizer = Tokenizer.from_folder(folder, extra_stop_ids=stops)
-    fingerprint = file_fingerprint([folder / "config.json", *files])
+    # The tokenizer files are part of what the KV means (same weights, other ids = other KV).
+    tokenizer_files = [
+        folder / name
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+        if (folder / name).is_file()
+    ]
+    fingerprint = file_fingerprint([folder / "config.json", *files, *tokenizer_files])
     return LoadedModel(config, weights, tokenizer, fingerprint, folder)
 
 

@@ -69,6 +69,7 @@ def create_app(
             yield
         finally:
             async_engine.stop()
+            engine.close()  # finish queued kv-store writes
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:

@@ -21,6 +21,7 @@ thread as outputs arrive:
   (finish - arrival, every request that was scheduled), ``iteration_tokens_total`` and
   ``iteration_num_seqs`` (per model step). Arrival is when the server received the request,
   so TTFT and e2e include the time it queued behind running steps.
+- the persistent KV tier's families (``kv_store_*``, see :mod:`pagedattn.server.kv_store_metrics`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedattn.engine.outputs import FINISH_REASONS, RequestOutput
+from pagedattn.server.kv_store_metrics import kv_store_metrics
 
 PREFIX = "pagedattn:"
 LATENCY_BUCKETS = (
@@ -132,6 +134,7 @@ class EngineStatsCollector(Collector):
         for reason, count in sorted(s["evictions"].items()):
             evictions.add_metric([m, reason], count)
         yield evictions
+        yield from kv_store_metrics(s, m)  # the persistent tier, when there is one
 
 
 class ServerMetrics:

@@ -1,0 +1,91 @@
+"""What the cache manager exchanges with the persistent tier: which computed pages to write,
+and restoring a run of stored pages into fresh pool pages (registered in the prefix index)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagedattn.cache.allocator import PageAllocator
+from pagedattn.cache.hashing import PageHash
+from pagedattn.cache.sequence_pages import SequencePages
+from pagedattn.storage.record import PageKey
+
+if TYPE_CHECKING:
+    from pagedattn.storage.tier import KVTier
+
+
+def computed_pages(
+    seq: SequencePages, start: int, end: int, page_size: int
+) -> tuple[list[int], list[PageKey]]:
+    """Page ids and keys of the full pages that writing tokens ``[start, end)`` completed.
+
+    Left out: pages of a sequence that lost a visible page (lossy eviction: its later KV is not
+    what the hash names), pages dropped by the window, and pages whose prefix chain is not
+    registered (a hash collision).
+    """
+    if seq.lossy:
+        return [], []
+    ps, page_ids, keys = page_size, [], []
+    for i in range(start // ps, min(end // ps, len(seq.page_hashes))):
+        if seq.page_table[i] == -1 or seq.serials[i] is None:
+            continue
+        page_ids.append(seq.page_table[i])
+        parent = seq.page_hashes[i - 1] if i else None
+        keys.append(
+            PageKey(seq.page_hashes[i], parent, tuple(seq.token_ids[i * ps : (i + 1) * ps]))
+        )
+    return page_ids, keys
+
+
+def restore_pages(
+    tier: KVTier,
+    allocator: PageAllocator,
+    seq: SequencePages,
+    tokens: np.ndarray,
+    hashes: list[PageHash],
+    parent_serial: int | None,
+    page_size: int,
+    *,
+    max_pages: int,
+    reclaim: bool,
+) -> int:
+    """Restore the pages after ``seq``'s in-memory hits: the longest run of ``hashes`` the tier
+    holds (at most ``max_pages``), each into a freshly allocated page, registered in the prefix
+    index and appended to ``seq``'s table.
+
+    Args:
+        tier: the tier; allocator: the pool's allocator.
+        seq: the sequence being admitted (its table holds the in-memory hits so far).
+        tokens: (prompt_len,) int64 prompt ids; hashes: the chained hashes of its full pages
+            that may be reused; parent_serial: serial of the last in-memory hit (None if none).
+        page_size: tokens per page; max_pages: pages that may be allocated;
+        reclaim: allocation may reuse cached free pages.
+
+    Returns:
+        Tokens restored (a multiple of page_size).
+    """
+    ps, first = page_size, len(seq.page_table)
+    keys = [
+        PageKey(
+            hashes[i], hashes[i - 1] if i else None, tuple(tokens[i * ps : (i + 1) * ps].tolist())
+        )
+        for i in range(first, min(len(hashes), first + max_pages))
+    ]
+    restored = 0
+    for key, kv in zip(keys, tier.lookup(keys), strict=False):
+        page_id = allocator.allocate(reclaim_cached=reclaim)
+        tier.load(page_id, kv)
+        serial = allocator.register(
+            page_id, key.page_hash, key.parent_hash, key.token_ids, parent_serial
+        )
+        if serial is None:  # the hash is taken by another prefix: stop here
+            allocator.free(page_id)
+            break
+        seq.page_table.append(page_id)
+        seq.page_hashes.append(key.page_hash)
+        seq.serials.append(serial)
+        parent_serial = serial
+        restored += ps
+    return restored

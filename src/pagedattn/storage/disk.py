@@ -1,0 +1,217 @@
+"""DiskStore: one file per page under a directory, safe to share between processes.
+
+- Atomic writes: a temporary file in the target folder, ``fsync``, ``os.replace``, then an
+  ``fsync`` of the folder (the POSIX recipe; a reader sees a whole record or none). A failed
+  write removes its temporary file; stale ones left by a killed process are removed at open.
+- Size cap with LRU eviction that survives restarts: recency is the file's mtime, touched on
+  every hit; when the directory grows past ``max_bytes`` the least recently used records go
+  until it is under 90 % of the cap.
+- Two processes: records are immutable once renamed into place and named by their hash, so
+  concurrent writers of one page write identical bytes; a record that vanishes under a reader
+  (evicted by the other process) is a miss.
+
+Layout: ``ROOT/kv/<namespace hex>/<hash[:2]>/<hash>.page`` and ``ROOT/documents/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pagedattn.storage.base import BaseStore, check_document_name
+
+_SUFFIX = ".page"
+_TMP_PREFIX = ".tmp-"
+_STALE_TMP_S = 600.0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (tmp file in the same folder, fsync, rename).
+
+    Raises:
+        OSError: the write failed (no temporary file is left behind).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+class DiskStore(BaseStore):
+    """Pages as files under ``root`` (see the module doc).
+
+    Args:
+        root: the store directory (created if missing).
+        namespace: 16-byte cache namespace.
+        page_shape: KV shape of one page; dtype: KV dtype.
+        max_bytes: cap on the bytes of every page record under ``root`` (all namespaces);
+            None = no cap.
+
+    Raises:
+        ValueError: ``max_bytes`` < 1. OSError: ``root`` cannot be created.
+    """
+
+    backend = "disk"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        namespace: bytes,
+        page_shape: tuple[int, ...],
+        dtype: np.dtype | type = np.float32,
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
+        super().__init__(namespace, page_shape, dtype)
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes: expected None or >= 1, got {max_bytes}")
+        self.root = Path(root).expanduser()
+        self.kv_root = self.root / "kv"
+        self.dir = self.kv_root / namespace.hex()
+        self.documents = self.root / "documents"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.num_evicted = 0
+        self._bytes = 0
+        now = time.time()
+        for entry in self._scan(include_tmp=True):
+            if entry.name.startswith(_TMP_PREFIX):
+                if now - entry.stat().st_mtime > _STALE_TMP_S:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self._bytes += entry.stat().st_size
+
+    def path_of(self, page_hash: bytes) -> Path:
+        """The file of a page hash."""
+        h = page_hash.hex()
+        return self.dir / h[:2] / f"{h}{_SUFFIX}"
+
+    # ---- backend hooks -----------------------------------------------------------------
+    def _contains_raw(self, page_hashes: Sequence[bytes]) -> list[bool]:
+        return [self.path_of(h).is_file() for h in page_hashes]
+
+    def _read_raw(self, page_hashes: Sequence[bytes]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for h in page_hashes:
+            try:
+                out.append(self.path_of(h).read_bytes())
+            except FileNotFoundError:  # never written, or evicted by another process
+                out.append(None)
+            except OSError:
+                self.count_error("io")
+                out.append(None)
+        return out
+
+    def _write_raw(self, items: Sequence[tuple[bytes, bytes]]) -> int:
+        written = 0
+        for page_hash, data in items:
+            path = self.path_of(page_hash)
+            if path.exists():  # same hash + namespace: the same page (checked on read)
+                self._touch(path)
+                continue
+            try:
+                atomic_write(path, data)
+            except OSError:
+                self.count_error("io")
+                continue
+            written += len(data)
+        with self._lock:
+            self._bytes += written
+            over = self.max_bytes is not None and self._bytes > self.max_bytes
+        if over:
+            self._evict()
+        return written
+
+    def _delete_raw(self, page_hashes: Sequence[bytes]) -> None:
+        for h in page_hashes:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path_of(h))
+
+    def _on_hits(self, page_hashes: Sequence[bytes]) -> None:
+        for h in page_hashes:
+            self._touch(self.path_of(h))
+
+    def _backend_stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"bytes_stored": self._bytes, "pages_evicted": self.num_evicted}
+
+    # ---- documents ---------------------------------------------------------------------
+    def get_document(self, name: str) -> bytes | None:
+        """The bytes saved under ``name``, None when there are none."""
+        try:
+            return (self.documents / f"{check_document_name(name)}.json").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put_document(self, name: str, data: bytes) -> None:
+        """Save ``data`` under ``name`` atomically (replacing any previous one)."""
+        atomic_write(self.documents / f"{check_document_name(name)}.json", data)
+
+    # ---- internals ---------------------------------------------------------------------
+    @staticmethod
+    def _touch(path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)
+
+    def _scan(self, include_tmp: bool = False) -> Iterator[os.DirEntry[str]]:
+        """Every record (and temporary file) under ``root/kv``, all namespaces."""
+        if not self.kv_root.is_dir():
+            return
+        for ns in os.scandir(self.kv_root):
+            if not ns.is_dir():
+                continue
+            for sub in os.scandir(ns.path):
+                if not sub.is_dir():
+                    continue
+                for entry in os.scandir(sub.path):
+                    is_tmp = entry.name.startswith(_TMP_PREFIX)
+                    if entry.name.endswith(_SUFFIX) or (include_tmp and is_tmp):
+                        yield entry
+
+    def _evict(self) -> None:
+        """Delete least recently used records (oldest mtime) until under 90 % of the cap."""
+        assert self.max_bytes is not None
+        files: list[tuple[float, int, str]] = []
+        for entry in self._scan():
+            with contextlib.suppress(FileNotFoundError):
+                st = entry.stat()
+                files.append((st.st_mtime, st.st_size, entry.path))
+        total = sum(size for _, size, _ in files)
+        target = int(self.max_bytes * 0.9)
+        evicted = 0
+        for _, size, path in sorted(files):
+            if total <= target:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                evicted += 1
+            total -= size
+        with self._lock:
+            self._bytes = total
+            self.num_evicted += evicted

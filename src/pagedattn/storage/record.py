@@ -1,0 +1,215 @@
+"""The page record: one full KV page as bytes, checked field by field before any use.
+
+Layout (all integers little-endian; one format for the disk and the Redis tier and for
+``KVStream.save``), in the spirit of llama.cpp's session files (magic + version + the state
+that must match) and LMCache's chunk keys (model + format + prefix hash):
+
+====================  ======================================================================
+field                 bytes
+====================  ======================================================================
+magic                 8, ``b"PAGEDKV\\0"``
+format_version        u16, :data:`FORMAT_VERSION`
+flags                 u16, bit 0 = has a parent page
+header_size           u32, :data:`HEADER.size` (a sanity check)
+namespace             16, the cache namespace (:func:`pagedattn.cache.hashing.cache_namespace`)
+page_hash             16, the page's chained prefix hash
+parent_hash           16, the previous page's hash (zeros for a first page)
+dtype                 8, NumPy dtype string (``b"<f4"``), zero padded
+ndim, shape           u8 + 6 x u64 (unused dims 0)
+num_tokens            u32, token ids that follow
+payload_nbytes        u64
+token_ids             num_tokens x i64
+payload               the raw C-order array bytes
+checksum              16, xxh3_128 of every byte above
+====================  ======================================================================
+
+Nothing is ever unpickled or evaluated: a record is parsed with :mod:`struct` and
+``np.frombuffer`` only, after its checksum matched. Every way a record can be wrong raises
+:class:`RecordError` with a ``kind`` (see :data:`ERROR_KINDS`), which the stores count.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+MAGIC = b"PAGEDKV\x00"
+FORMAT_VERSION = 1
+MAX_DIMS = 6
+HEADER = struct.Struct("<8sHHI16s16s16s8sB6QIQ")
+CHECKSUM_NBYTES = 16
+HASH_NBYTES = 16  # = pagedattn.cache.hashing.HASH_NBYTES (xxh3_128)
+_HAS_PARENT = 1
+#: Why a record was refused; stores count misses by these kinds.
+ERROR_KINDS = (
+    "truncated",
+    "bad_magic",
+    "version",
+    "checksum",
+    "namespace",
+    "hash",
+    "parent",
+    "tokens",
+    "shape",
+)
+
+
+class RecordError(ValueError):
+    """A record that must not be used. ``kind`` is one of :data:`ERROR_KINDS`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class PageKey:
+    """What names one full page: its chained hash, its parent's and its exact token ids.
+
+    Attributes:
+        page_hash: 16-byte prefix hash of the page.
+        parent_hash: the previous page's hash, None for the first page of a sequence.
+        token_ids: the page's token ids (page_size ints; fewer only in a stream file's
+            partial last page).
+    """
+
+    page_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DecodedRecord:
+    """A record that passed every check. ``kv`` is read-only, shaped as written."""
+
+    key: PageKey
+    namespace: bytes
+    kv: np.ndarray
+
+
+def encode_record(namespace: bytes, key: PageKey, kv: np.ndarray) -> bytes:
+    """Serialize one page.
+
+    Args:
+        namespace: 16-byte cache namespace.
+        key: the page's hashes and token ids.
+        kv: the page's KV, e.g. float32 ``(num_layers, 2, num_kv_heads, page_size, head_dim)``;
+            written C-order.
+
+    Returns:
+        The record bytes (header + token ids + payload + checksum).
+
+    Raises:
+        ValueError: a hash or namespace that is not 16 bytes, more than 6 dims.
+    """
+    for name, value in (("namespace", namespace), ("page_hash", key.page_hash)):
+        if len(value) != HASH_NBYTES:
+            raise ValueError(f"{name}: expected {HASH_NBYTES} bytes, got {len(value)}")
+    if key.parent_hash is not None and len(key.parent_hash) != HASH_NBYTES:
+        raise ValueError(f"parent_hash: expected {HASH_NBYTES} bytes, got {len(key.parent_hash)}")
+    if kv.ndim > MAX_DIMS:
+        raise ValueError(f"kv: expected at most {MAX_DIMS} dims, got shape {kv.shape}")
+    arr = np.ascontiguousarray(kv)
+    dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+    arr = arr.astype(dtype, copy=False)
+    payload = arr.tobytes()
+    tokens = np.asarray(key.token_ids, dtype="<i8").tobytes()
+    header = HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        _HAS_PARENT if key.parent_hash is not None else 0,
+        HEADER.size,
+        namespace,
+        key.page_hash,
+        key.parent_hash or b"\x00" * HASH_NBYTES,
+        dtype.str.encode("ascii"),
+        arr.ndim,
+        *arr.shape,
+        *([0] * (MAX_DIMS - arr.ndim)),
+        len(key.token_ids),
+        len(payload),
+    )
+    body = header + tokens + payload
+    return body + xxhash.xxh3_128_digest(body)
+
+
+def decode_record(
+    data: bytes | memoryview,
+    *,
+    namespace: bytes,
+    expected: PageKey | None = None,
+    dtype: np.dtype | type | None = None,
+    shape: tuple[int, ...] | None = None,
+) -> DecodedRecord:
+    """Parse and check a record; nothing in it is trusted before the checks pass.
+
+    Checks, in order: magic (``bad_magic``, e.g. a pickle), length (``truncated``),
+    format version (``version``), total size (``truncated``), checksum (``checksum``),
+    namespace (``namespace``: another model or config), that the token ids re-hash with the
+    parent to the page hash (``hash``), then against ``expected``: hash (``hash``), parent
+    (``parent``), token ids (``tokens``); dtype and shape (``shape``).
+
+    Args:
+        data: the record bytes.
+        namespace: the reader's 16-byte namespace.
+        expected: the page the reader asked for (None: accept any page of the namespace).
+        dtype, shape: the payload the reader needs (None: accept what the header says).
+
+    Returns:
+        The decoded record; ``kv`` is a read-only view of ``data``.
+
+    Raises:
+        RecordError: any failed check (``kind`` says which).
+    """
+    buf = memoryview(data).cast("B")
+    if bytes(buf[: len(MAGIC)]) != MAGIC:
+        raise RecordError("bad_magic", f"starts with {bytes(buf[:8])!r}, not a page record")
+    if len(buf) < HEADER.size + CHECKSUM_NBYTES:
+        raise RecordError("truncated", f"{len(buf)} bytes, shorter than a header")
+    fields = HEADER.unpack_from(buf, 0)
+    magic, version, flags, header_size, ns, page_hash, parent_hash, dt = fields[:8]
+    ndim, dims, num_tokens, payload_nbytes = fields[8], fields[9:15], fields[15], fields[16]
+    del magic  # checked above
+    if version != FORMAT_VERSION or header_size != HEADER.size:
+        raise RecordError("version", f"format {version}, this reader reads {FORMAT_VERSION}")
+    size = HEADER.size + 8 * num_tokens + payload_nbytes + CHECKSUM_NBYTES
+    if len(buf) != size:
+        raise RecordError("truncated", f"{len(buf)} bytes, the header says {size}")
+    body = buf[: size - CHECKSUM_NBYTES]
+    if xxhash.xxh3_128_digest(body) != bytes(buf[size - CHECKSUM_NBYTES :]):
+        raise RecordError("checksum", "checksum mismatch (corrupted bytes)")
+    if ns != namespace:
+        raise RecordError("namespace", "written under another model/config namespace")
+    from pagedattn.cache.hashing import hash_page_tokens  # here: cache imports this module
+
+    tokens = tuple(int(t) for t in np.frombuffer(buf, "<i8", num_tokens, HEADER.size))
+    parent = parent_hash if flags & _HAS_PARENT else None
+    if hash_page_tokens(parent, np.asarray(tokens, np.int64), namespace) != page_hash:
+        raise RecordError("hash", "token ids and parent do not hash to the page hash")
+    key = PageKey(page_hash, parent, tokens)
+    if expected is not None:
+        if expected.page_hash != page_hash:
+            raise RecordError("hash", "a different page than the one asked for")
+        if expected.parent_hash != parent:
+            raise RecordError("parent", "the parent hash differs from the one asked for")
+        if tuple(expected.token_ids) != tokens:
+            raise RecordError("tokens", "the token ids differ from the ones asked for")
+    try:
+        record_dtype = np.dtype(bytes(dt).rstrip(b"\x00").decode("ascii"))
+    except (TypeError, UnicodeDecodeError) as exc:
+        raise RecordError("shape", f"unknown dtype {bytes(dt)!r}") from exc
+    if record_dtype.hasobject or record_dtype.kind not in "fiu":
+        raise RecordError("shape", f"dtype {record_dtype} is not a numeric array dtype")
+    record_shape = tuple(int(d) for d in dims[:ndim])
+    if ndim > MAX_DIMS or int(np.prod(record_shape)) * record_dtype.itemsize != payload_nbytes:
+        raise RecordError("shape", f"shape {record_shape} does not match {payload_nbytes} bytes")
+    if (dtype is not None and record_dtype != np.dtype(dtype)) or (
+        shape is not None and record_shape != tuple(shape)
+    ):
+        raise RecordError("shape", f"{record_dtype}{record_shape}, expected {dtype}{shape}")
+    offset = HEADER.size + 8 * num_tokens
+    kv = np.frombuffer(buf, record_dtype, int(np.prod(record_shape)), offset).reshape(record_shape)
+    return DecodedRecord(key, bytes(ns), kv)
