@@ -12,6 +12,7 @@ from pagedattn.sampling_params import SamplingParams
 
 torch = pytest.importorskip("torch")
 generation = pytest.importorskip("transformers.generation.logits_process")
+pytestmark = pytest.mark.hf  # the references are HF transformers' logits processors
 
 VOCAB = 64
 

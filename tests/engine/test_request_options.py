@@ -20,6 +20,7 @@ from pagedattn.sampling_params import SamplingParams
 
 torch = pytest.importorskip("torch")
 generation = pytest.importorskip("transformers.generation.logits_process")
+pytestmark = pytest.mark.hf  # the references are HF transformers' logits processors
 
 PROMPT = "the cat sat on the mat"
 IM_START, IM_END = 1, 2  # tests/model/tiny.py SPECIALS

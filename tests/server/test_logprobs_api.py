@@ -261,3 +261,23 @@ def test_penalties_and_logit_bias_change_the_output_like_the_engine(client: Any,
         extra_body={"stop_token_ids": [70]},
     )
     assert stop.choices[0].finish_reason == "stop" and stop.choices[0].text == ""
+
+
+def test_special_token_stop_string_and_special_token_text_over_http(client: Any) -> None:
+    forced = {"1": 100}  # <|im_start|> (tests/model/tiny.py SPECIALS) becomes the greedy pick
+    base = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    stopped = client.completions.create(**base, stop="<|im_start|>", logit_bias=forced)
+    assert stopped.choices[0].text == "" and stopped.choices[0].finish_reason == "stop"
+    kept = client.completions.create(
+        **base,
+        stop="<|im_start|>",
+        logit_bias=forced,
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == "<|im_start|>" and kept.usage.completion_tokens == 1
+    shown = client.completions.create(
+        **base, logit_bias=forced, extra_body={"skip_special_tokens": False}
+    )
+    assert shown.choices[0].text == "<|im_start|><|im_start|>"
+    hidden = client.completions.create(**base, logit_bias=forced)
+    assert hidden.choices[0].text == "" and hidden.choices[0].finish_reason == "length"

@@ -211,7 +211,7 @@ class LLMEngine:
         request_id = uuid.uuid4().hex if request_id is None else request_id
         ids = self.encode(prompt)
         params.check_vocab(self.vocab_size)
-        seed = params.seed if params.seed is not None else int(self._rng.integers(2**62))
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         special_stops = {self._special_ids[s]: s for s in params.stop if s in self._special_ids}
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs: list[Sequence] = []
