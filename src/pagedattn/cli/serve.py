@@ -15,7 +15,10 @@ def serve(
         str | None, typer.Option(help="GGUF file or HF folder; default: the embedded SmolLM2.")
     ] = None,
     served_model_name: Annotated[
-        str | None, typer.Option(help="Name clients pass as `model`; default: the file name.")
+        list[str] | None,
+        typer.Option(
+            help="Name clients pass as `model`; repeat for several names; default: the file name."
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,

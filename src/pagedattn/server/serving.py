@@ -11,12 +11,16 @@ Request rules (each violation is a 400 with an OpenAI error body, before the eng
   request's K/V at its largest must fit the whole page pool (code ``cache_capacity_exceeded``).
 - sampling values out of range (temperature < 0, top_p outside (0, 1], negative seed, empty
   stop string...) are refused by :class:`SamplingParams`, whose message names the field.
+- unknown fields and fields that would change the output but are not served are refused
+  (:mod:`pagedattn.server.request_fields`); chat template fields:
+  :mod:`pagedattn.server.chat_prompt`; structured output: :mod:`pagedattn.server.structured`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +31,12 @@ from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
+from pagedattn.server.chat_prompt import chat_prompt_ids
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, value_error
+from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.sse import finish_reason_of, sse_events, usage_of
+from pagedattn.server.structured import StructuredOutput
 
 DISCONNECT_POLL_S = 0.25
 
@@ -50,24 +57,35 @@ class OpenAIServing:
         model_name: the served model name (requests naming another model get a 404).
         default_max_tokens: cap on the chat default ``max_tokens`` when the context is unbounded
             or longer.
+        aliases: more names clients may pass as ``model`` (``--served-model-name`` repeated);
+            a response names the model as the request did.
     """
 
     def __init__(
-        self, async_engine: AsyncEngine, model_name: str, default_max_tokens: int = 1024
+        self,
+        async_engine: AsyncEngine,
+        model_name: str,
+        default_max_tokens: int = 1024,
+        aliases: Sequence[str] = (),
     ) -> None:
         self.async_engine = async_engine
         self.engine: LLMEngine = async_engine.engine
         self.model_name = model_name
+        self.model_names: tuple[str, ...] = (model_name, *(a for a in aliases if a != model_name))
+        self.structured = StructuredOutput(
+            self.engine.tokenizer, self.engine.model_config.vocab_size
+        )
         self.default_max_tokens = default_max_tokens
         self.max_model_len: int | None = self.engine.scheduler.max_model_len
 
     # ---- validation ------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         """Raises APIError 404 when ``model`` names another model (None = the served one)."""
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
+            names = ", ".join(f"'{n}'" for n in self.model_names)
             raise APIError(
                 404,
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
+                f"The model '{model}' does not exist; this server serves {names}.",
                 param="model",
                 code="model_not_found",
             )
@@ -129,6 +147,7 @@ class OpenAIServing:
 
     def _check_common(self, req: p.SamplingFields) -> None:
         self.check_model(req.model)
+        check_request_fields(req)  # type: ignore[arg-type]
         if req.n != 1:
             raise APIError(400, f"n: only n=1 is supported, got {req.n}", param="n")
 
@@ -173,14 +192,7 @@ class OpenAIServing:
         self._check_common(req)
         if req.logprobs:
             raise APIError(400, "logprobs: not supported", param="logprobs")
-        tokenizer = self.engine.tokenizer
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            ids = [int(t) for t in tokenizer.encode_chat(messages)]
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
-        if not ids:
-            raise APIError(400, "messages: the rendered prompt is empty", param="messages")
+        ids = chat_prompt_ids(req, self.engine.tokenizer)
         default = self.default_max_tokens
         return Prepared(ids, self._params(req, self.resolve_max_tokens(req, len(ids), default)))
 
@@ -191,12 +203,20 @@ class OpenAIServing:
         """Run a validated request and answer it (JSON, or SSE when ``stream``)."""
         chat = isinstance(req, p.ChatCompletionRequest)
         prepared = self.prepare_chat(req) if chat else self.prepare_completion(req)  # type: ignore[arg-type]
+        processors = await asyncio.to_thread(self.structured.processors, req)
+        if processors:
+            params = prepared.params
+            params = dataclasses.replace(
+                params, logits_processors=(*params.logits_processors, *processors)
+            )
+            prepared = Prepared(prepared.prompt_token_ids, params)
+        model_name = req.model or self.model_name
         self.async_engine.start()
         request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
         outputs = self.async_engine.generate(prepared.prompt_token_ids, prepared.params, request_id)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
-            body = sse_events(outputs, request_id, self.model_name, chat, usage)
+            body = sse_events(outputs, request_id, model_name, chat, usage)
             return StreamingResponse(body, media_type="text/event-stream")
         final, text, num_generated = await _collect(raw, outputs)
         if final is None:  # the client went away; the request was aborted
@@ -211,7 +231,7 @@ class OpenAIServing:
             response = p.ChatCompletion(
                 id=request_id,
                 created=created,
-                model=self.model_name,
+                model=model_name,
                 choices=[p.ChatChoice(message=msg, finish_reason=reason)],
                 usage=usage_,
             )
@@ -219,7 +239,7 @@ class OpenAIServing:
             response = p.Completion(
                 id=request_id,
                 created=created,
-                model=self.model_name,
+                model=model_name,
                 choices=[p.CompletionChoice(text=text, finish_reason=reason)],
                 usage=usage_,
             )
