@@ -127,7 +127,7 @@ def chat(
     Every turn reuses the KV pages of the conversation so far (--stats shows how many prompt
     tokens came from the cache). Defaults: greedy (temperature 0), at most 256 tokens a turn.
     """
-    from pagedattn.cli.stream import format_stats, stream_request
+    from pagedattn.cli.stream import format_stats, stream_request, warm_up
 
     with cli_errors():
         params = build_sampling_params(
@@ -148,7 +148,8 @@ def chat(
             prefix_caching=prefix_caching,
         )
         conversation = Conversation(engine.tokenizer, system)
-        conversation.prompt_for("")  # fail now if the model has no chat template
+        first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template
+        warmup_s = warm_up(engine, first_ids[0]) if stats and first_ids else None
         print(HELP_TEXT, file=sys.stderr, flush=True)
         while True:
             _write(PROMPT_MARKER)
@@ -178,4 +179,5 @@ def chat(
                 continue
             conversation.record(user, ids, text, result.token_ids, result.text)
             if stats:
+                result.warmup_s, warmup_s = warmup_s, None  # reported with the first turn
                 print(format_stats(result), file=sys.stderr, flush=True)
