@@ -1,4 +1,5 @@
-"""`pagedattn` command line: demo | generate | chat | serve | bench {kernels, generate, engine}.
+"""`pagedattn` command line: demo | generate | chat | serve |
+bench {kernels, generate, engine, structured}.
 
 Each subcommand lives in its own module and imports heavy dependencies lazily,
 so `pagedattn --help` stays fast.
@@ -21,6 +22,7 @@ def _register() -> None:
         bench_engine,
         bench_generate,
         bench_kernels,
+        bench_structured,
         chat,
         demo,
         generate,
