@@ -231,3 +231,13 @@ def test_several_served_names(aliased: RunningServer) -> None:
     assert post(aliased, "/v1/completions", body).json()["model"] == "main-name"
     assert post(aliased, "/v1/completions", {**body, "model": "tiny-llama"}).status_code == 404
     assert post(aliased, "/tokenize", {"prompt": "a", "model": "alias"}).status_code == 200
+
+
+def test_deploy_readme_lists_every_request_field() -> None:
+    from pagedattn.server import protocol as p
+
+    readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
+    table = readme[readme.index("### Request fields") : readme.index("### Structured output")]
+    for model in (p.CompletionRequest, p.ChatCompletionRequest):
+        for name in model.model_fields:
+            assert f"`{name}`" in table, name
