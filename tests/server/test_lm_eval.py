@@ -17,13 +17,14 @@ import json
 import os
 import re
 import string
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import RunningServer, ServerFactory
 
 lm_eval = pytest.importorskip("lm_eval")
 # the task data is a local JSONL; nothing may be fetched from a hub
@@ -32,6 +33,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TASKS = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_eval"
 LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def server(make_server: ServerFactory) -> Iterator[RunningServer]:
+    """This module's own tiny-model server: the session server's prefix cache, which other
+    modules' cached-token counts depend on, stays untouched."""
+    with make_server() as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,10 +15,18 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import RunningServer, ServerFactory
 from tests.server.schemas import MAX_TOKENS, SCHEMAS
 
 MESSAGES = [{"role": "user", "content": "give me json"}]
+
+
+@pytest.fixture(scope="module")
+def server(make_server: ServerFactory) -> Iterator[RunningServer]:
+    """This module's own tiny-model server: the session server's prefix cache, which other
+    modules' cached-token counts depend on, stays untouched."""
+    with make_server() as srv:
+        yield srv
 
 
 def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,14 @@ CONVO = [
 
 
 @pytest.fixture(scope="module")
+def server(make_server: ServerFactory) -> Iterator[RunningServer]:
+    """This module's own tiny-model server: the session server's prefix cache, which other
+    modules' cached-token counts depend on, stays untouched."""
+    with make_server() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
 def hf_tokenizer(tiny_model_dir: Path) -> Any:
     return transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(tiny_model_dir / "tokenizer.json"),

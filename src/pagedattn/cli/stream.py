@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.engine.model_runner import ModelRunner
+    from pagedattn.engine.sampler_output import SamplerOutput
     from pagedattn.sampling_params import SamplingParams
 
 
@@ -26,7 +25,7 @@ class _PeakPages:
         self.runner = engine.runner
         self.peak = 0
 
-    def run(self, batch: Any) -> np.ndarray:
+    def run(self, batch: Any) -> SamplerOutput:
         manager = self.engine.cache_manager
         self.peak = max(self.peak, manager.num_pages - manager.allocator.num_free_pages)
         return self.runner.run(batch)

@@ -6,6 +6,7 @@ on one loop).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 import uuid
@@ -21,6 +22,7 @@ from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.sequence import Sequence
+from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.sampling_params import SamplingParams
 
 
@@ -87,7 +89,20 @@ class LLMEngine:
         if max_model_len is None and bounded:
             max_model_len = mc.max_position_embeddings
         self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_model_len)
-        self.runner = ModelRunner(model, self.page_pool.kv, cc)
+        # The tokenizer's vocabulary: logits of padded ids past it are masked.
+        self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
+        self.runner = ModelRunner(
+            model,
+            self.page_pool.kv,
+            cc,
+            vocab_size=self.vocab_size,
+            eos_token_ids=eos,
+            copy_pages=self.page_pool.copy_pages,
+        )
+        self._decode_token = (
+            None if tokenizer is None else functools.lru_cache(maxsize=65536)(self._decode_one)
+        )
+        self._special_ids = self._special_token_ids()
         self._rng = np.random.default_rng(config.seed)
         self._seq_ids = itertools.count()
 
@@ -121,7 +136,7 @@ class LLMEngine:
             ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("prompt: expected at least one token, got none")
-        vocab = self.model_config.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}")
@@ -144,31 +159,64 @@ class LLMEngine:
             The request id. A request that can never run (see ``Scheduler.add``) is still
             accepted here and finishes at the next step with a rejection finish reason.
 
+        Completion ``i`` (of ``params.n`` / ``best_of``) draws from
+        ``make_generator(seed + i)`` (vLLM's rule), ``seed`` being ``params.seed`` or, when
+        None, one draw from the engine's generator: completion ``i`` equals a solo request with
+        ``seed=seed + i``.
+
         Raises:
-            ValueError: a bad prompt (see :meth:`encode`) or a request id already in use.
+            ValueError: a bad prompt (see :meth:`encode`), a request id already in use, or a
+                ``logit_bias`` / ``stop_token_ids`` id outside the tokenizer's vocabulary.
         """
         params = SamplingParams() if params is None else params
         request_id = uuid.uuid4().hex if request_id is None else request_id
         ids = self.encode(prompt)
-        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
-        text_stream = None
-        if self.tokenizer is not None:
-            from pagedattn.model.detokenizer import IncrementalDetokenizer
+        params.check_vocab(self.vocab_size)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**62))
+        special_stops = {self._special_ids[s]: s for s in params.stop if s in self._special_ids}
+        arrival = time.monotonic()
+        seqs: list[Sequence] = []
+        for i in range(params.num_completions):
+            text_stream = None
+            if self.tokenizer is not None:
+                from pagedattn.model.detokenizer import IncrementalDetokenizer
 
-            text_stream = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
-        seq = Sequence(
-            seq_id=next(self._seq_ids),
-            request_id=request_id,
-            prompt_token_ids=ids,
-            params=params,
-            generator=make_generator(seed),
-            arrival_time=time.monotonic(),
-            text_stream=text_stream,
-            max_model_len=self.scheduler.max_model_len,
-            prompt=prompt if isinstance(prompt, str) else None,
-        )
-        self.scheduler.add(seq)
+                text_stream = IncrementalDetokenizer(
+                    self.tokenizer, skip_special_tokens=params.skip_special_tokens
+                )
+            seqs.append(
+                Sequence(
+                    seq_id=next(self._seq_ids),
+                    request_id=request_id,
+                    prompt_token_ids=ids,
+                    params=params,
+                    generator=make_generator(seed + i),
+                    arrival_time=arrival,
+                    text_stream=text_stream,
+                    max_model_len=self.scheduler.max_model_len,
+                    prompt=prompt if isinstance(prompt, str) else None,
+                    index=i,
+                    decode_token=self._decode_token,
+                    special_stops=special_stops,
+                    metrics=seqs[0].metrics if seqs else None,
+                )
+            )
+        self.scheduler.add(SequenceGroup(seqs))
         return request_id
+
+    def _decode_one(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def _special_token_ids(self) -> dict[str, int]:
+        """Special-token text -> id (a stop string equal to one stops on that token)."""
+        backend = getattr(self.tokenizer, "backend", None)
+        if backend is None:
+            return {}
+        return {
+            tok.content: int(i)
+            for i, tok in backend.get_added_tokens_decoder().items()
+            if tok.special
+        }
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
@@ -178,8 +226,8 @@ class LLMEngine:
             ``outputs`` are deltas (only what is new since the request's previous output).
         """
         batch = self.scheduler.schedule()
-        token_ids = self.runner.run(batch)
-        return self.scheduler.postprocess(batch, token_ids)
+        sampled = self.runner.run(batch)
+        return self.scheduler.postprocess(batch, sampled)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its pages are freed once; the next step returns its

@@ -8,17 +8,25 @@ counted inside the cache) a query at absolute position ``p`` sits at in-cache po
 positions ``0..S-1``, so the model scores sink keys with the query rotated to that in-cache
 position (``ForwardBatch.sink_positions``) and everything matches a dense forward over exactly
 the retained tokens at positions ``0..n-1``.
+
+Logits rows: one per sampling sequence (its last new token), plus, for a sequence that asked for
+prompt logprobs, one per new prompt token whose successor is a prompt token (row of position
+``p`` gives the logprob of prompt token ``p + 1``). Ids past the tokenizer's vocabulary are
+masked (:func:`mask_padded_vocab`) before logprobs and sampling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import numpy as np
 
 from pagedattn.config import CacheConfig
-from pagedattn.engine.sampler import sample
-from pagedattn.engine.scheduled_batch import ScheduledBatch
+from pagedattn.engine.logprobs import TokenLogprobs, log_softmax, token_logprobs
+from pagedattn.engine.sampler import mask_padded_vocab, sample
+from pagedattn.engine.sampler_output import SamplerOutput
+from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
 from pagedattn.model.forward_batch import ForwardBatch
 
 
@@ -36,12 +44,37 @@ class ModelRunner:
             ``(len(batch.logits_indices), vocab)``.
         kv: the KV storage passed through to the model (the page pool).
         cache_config: page size, window, sinks and position mode.
+        vocab_size: the tokenizer's vocabulary size; logits of ids at or past it (padded
+            embedding rows) are masked. None = the whole logits row is vocabulary.
+        eos_token_ids: end-of-sequence ids (masked while a request's ``min_tokens`` runs).
+        copy_pages: applies ``(src, dst)`` page copies to the KV storage
+            (:meth:`PagePool.copy_pages`); needed for forked sequences.
     """
 
-    def __init__(self, model: Model, kv: Any, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        model: Model,
+        kv: Any,
+        cache_config: CacheConfig,
+        *,
+        vocab_size: int | None = None,
+        eos_token_ids: Collection[int] = (),
+        copy_pages: Callable[[Iterable[tuple[int, int]]], None] | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.cache_config = cache_config
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(sorted(eos_token_ids))
+        self.copy_pages = copy_pages
+
+    @staticmethod
+    def prompt_rows(s: ScheduledSeq) -> range:
+        """Positions of this step whose logits give prompt logprobs (empty unless asked)."""
+        seq = s.seq
+        if not seq.needs_prompt_logits:
+            return range(0)
+        return range(s.start, min(s.start + s.num_new_tokens, seq.num_prompt_tokens - 1))
 
     def build(self, batch: ScheduledBatch) -> ForwardBatch:
         """The ForwardBatch of a step (see :class:`ForwardBatch` for every array's layout).
@@ -53,7 +86,8 @@ class ModelRunner:
             raise ValueError("build: expected at least one scheduled sequence, got none")
         input_ids, positions, slots = [], [], []
         query_start_loc = [0]
-        context_lens, logits_indices = [], []
+        context_lens: list[int] = []
+        logits_indices: list[int] = []
         for s in batch.seqs:
             start, n = s.start, s.num_new_tokens
             if s.slot_mapping.shape != (n,):
@@ -66,6 +100,8 @@ class ModelRunner:
             slots.append(s.slot_mapping.astype(np.int64, copy=False))
             query_start_loc.append(query_start_loc[-1] + n)
             context_lens.append(start + n)
+            base = query_start_loc[-2] - start
+            logits_indices.extend(base + p for p in self.prompt_rows(s))
             if s.samples:
                 logits_indices.append(query_start_loc[-1] - 1)
         pos = np.concatenate(positions)
@@ -91,23 +127,61 @@ class ModelRunner:
         """(num sampling sequences, vocab) float32 logits of a step (runs the model once)."""
         return np.asarray(self.model.forward(self.build(batch), self.kv))
 
-    def run(self, batch: ScheduledBatch) -> np.ndarray:
-        """Run one step.
+    def run(self, batch: ScheduledBatch) -> SamplerOutput:
+        """Run one step: apply the batch's page copies, run the model, take prompt logprobs,
+        sample one token per sample row (see :class:`SamplerOutput`).
 
         Returns:
-            (len(batch.sampling_seqs),) int64 sampled token ids, in batch order; empty (and no
-            model call) when nothing samples and nothing is scheduled.
+            The step's SamplerOutput; empty (and no model call) when nothing is scheduled.
         """
+        if batch.page_copies:
+            if self.copy_pages is None:
+                raise ValueError("page_copies: this runner was built without copy_pages")
+            self.copy_pages(batch.page_copies)
         if not batch.seqs:
-            return np.zeros(0, dtype=np.int64)
+            return SamplerOutput.empty()
         logits = self.logits(batch)
-        seqs = batch.sampling_seqs
+        if self.vocab_size is not None:
+            logits = mask_padded_vocab(logits, self.vocab_size)
+        prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = {}
+        sample_rows: list[int] = []
+        row = 0
+        for s in batch.seqs:
+            positions = self.prompt_rows(s)
+            if positions:
+                ids = s.seq.token_ids
+                num_top = s.seq.params.prompt_logprobs or 0
+                # One row at a time: a float64 copy of every prompt row would double the memory.
+                prompt_logprobs[s.seq.seq_id] = (
+                    positions.start + 1,
+                    [
+                        token_logprobs(log_softmax(logits[row + j]), ids[p + 1], num_top)
+                        for j, p in enumerate(positions)
+                    ],
+                )
+                row += len(positions)
+            if s.samples:
+                sample_rows.extend([row] * (1 + len(s.seq.fork_children)))
+                row += 1
+        seqs = batch.sample_rows
         if not seqs:
-            return np.zeros(0, dtype=np.int64)
-        processed = any(s.params.logits_processors for s in seqs)
-        return sample(
-            logits,
-            [s.params for s in seqs],
-            [s.generator for s in seqs],
-            [s.output_token_ids for s in seqs] if processed else None,
+            return SamplerOutput(np.zeros(0, dtype=np.int64), [], prompt_logprobs)
+        rows = logits[np.asarray(sample_rows, dtype=np.int64)]
+        token_ids = sample(
+            rows,
+            [q.params for q in seqs],
+            [q.generator for q in seqs],
+            [q.output_token_ids for q in seqs],
+            [q.prompt_token_ids for q in seqs],
+            self.eos_token_ids,
         )
+        logprobs: list[TokenLogprobs | None] = []
+        cache: dict[int, np.ndarray] = {}
+        for q, r, t in zip(seqs, sample_rows, token_ids.tolist(), strict=True):
+            if not q.params.needs_logprob:
+                logprobs.append(None)
+                continue
+            if r not in cache:
+                cache[r] = log_softmax(logits[r])
+            logprobs.append(token_logprobs(cache[r], t, q.params.logprobs or 0))
+        return SamplerOutput(token_ids, logprobs, prompt_logprobs)

@@ -1,10 +1,12 @@
 """Sampler: one token id per logits row, with per-row SamplingParams and random generators.
 
-Greedy rows take the exact argmax of the float32 logits. Other rows are sampled from
-``softmax(logits / temperature)`` computed in float64 with max subtraction (so tiny temperatures
-never produce NaN), restricted first by top-k, then by top-p (nucleus, Holtzman et al. 2019,
-arXiv 1904.09751), the order vLLM and HF transformers use. Each row draws exactly one uniform
-number from its own generator, so a seeded request's tokens do not depend on the rest of the batch.
+Each row first goes through :func:`pagedattn.engine.penalties.apply_logits_processing`
+(logits processors, min_tokens, logit_bias, penalties). Greedy rows then take the exact argmax.
+Other rows are sampled from ``softmax(logits / temperature)`` computed in float64 with max
+subtraction (so tiny temperatures never produce NaN), restricted by min-p (Nguyen et al. 2024,
+arXiv 2407.01082), then top-k, then top-p (nucleus, Holtzman et al. 2019, arXiv 1904.09751), the
+order of vLLM v1's sampler. Each row draws exactly one uniform number from its own generator, so
+a seeded request's tokens do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,24 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from pagedattn.engine.penalties import apply_logits_processing, needs_processing
 from pagedattn.sampling_params import SamplingParams
+
+
+def mask_padded_vocab(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Set the logits of ids >= ``vocab_size`` (padded embedding rows past the tokenizer's
+    vocabulary) to -inf, in place, so they are never sampled nor listed in logprobs.
+
+    Args:
+        logits: (num_rows, model_vocab) float logits.
+        vocab_size: the tokenizer's vocabulary size.
+
+    Returns:
+        ``logits`` itself.
+    """
+    if logits.shape[-1] > vocab_size:
+        logits[..., vocab_size:] = -np.inf
+    return logits
 
 
 def make_generator(seed: int) -> np.random.Generator:
@@ -42,9 +61,14 @@ def sampling_probs(logits: npt.NDArray[np.floating], params: SamplingParams) -> 
     x = logits.astype(np.float64)
     # Subtract the max before dividing: (x - max) / T <= 0, so even T = 5e-324 gives -inf at
     # worst (exp -> 0), never inf - inf = NaN.
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         x = (x - x.max()) / params.temperature
+    x[np.isnan(x)] = -np.inf  # -inf - max (masked ids)
     vocab = x.shape[0]
+    if params.min_p > 0.0:
+        # p_j / p_max = exp(x_j - x_max) = exp(x_j) (x_max = 0): keep p_j >= min_p * p_max.
+        with np.errstate(divide="ignore"):
+            x[x < np.log(params.min_p)] = -np.inf
     if 0 < params.top_k < vocab:
         # Exactly top_k survivors (ties broken by argpartition's order).
         keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
@@ -70,6 +94,8 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[np.random.Generator],
     output_token_ids: Sequence[Sequence[int]] | None = None,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    eos_token_ids: Sequence[int] = (),
 ) -> npt.NDArray[np.int64]:
     """Pick one token per row.
 
@@ -79,7 +105,10 @@ def sample(
         generators: one random generator per row (only non-greedy rows draw from it, one
             uniform number each).
         output_token_ids: per row, the tokens its request generated so far (what its
-            ``logits_processors`` see); None = no row has processors.
+            ``logits_processors``, min_tokens and penalties see); None = no row needs them.
+        prompt_token_ids: per row, its prompt (the repetition penalty sees it); None = no row
+            has a repetition penalty.
+        eos_token_ids: ids masked while a row's ``min_tokens`` is not reached.
 
     Returns:
         (num_rows,) int64 token ids.
@@ -97,12 +126,15 @@ def sample(
     out = np.empty(n, dtype=np.int64)
     for i, (row_params, gen) in enumerate(zip(params, generators, strict=True)):
         row = logits[i]
-        if row_params.logits_processors:
+        if needs_processing(row_params):
             if output_token_ids is None:
-                raise ValueError("output_token_ids: needed by rows with logits_processors")
-            row = row.copy()
-            for proc in row_params.logits_processors:
-                row = proc(output_token_ids[i], row)
+                raise ValueError("output_token_ids: needed by rows with logits processing")
+            if prompt_token_ids is None and row_params.repetition_penalty != 1.0:
+                raise ValueError("prompt_token_ids: needed by rows with a repetition_penalty")
+            prompt = () if prompt_token_ids is None else prompt_token_ids[i]
+            row = apply_logits_processing(
+                row, row_params, prompt, output_token_ids[i], eos_token_ids
+            )
         if row_params.greedy:
             out[i] = int(np.argmax(row))
             continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,7 +19,8 @@ class ScheduledSeq:
         num_new_tokens: tokens whose K/V this step computes, >= 1.
         slot_mapping: (num_new_tokens,) int64 KV slot of each new token.
         samples: True when the step reaches the end of the sequence, so its last new token's
-            logits are sampled (a mid-prompt chunk does not sample).
+            logits are sampled (a mid-prompt chunk does not sample, nor a ``max_tokens=0``
+            request).
     """
 
     seq: Sequence
@@ -40,10 +41,13 @@ class ScheduledBatch:
     Attributes:
         seqs: the scheduled sequences, in batch order.
         page_tables: (len(seqs), max_pages_per_seq) int32 page ids, -1 padded / evicted.
+        page_copies: ``(src_page, dst_page)`` KV copies to apply before the forward (the
+            partially filled last page of a forked sequence, copy-on-write).
     """
 
     seqs: list[ScheduledSeq]
     page_tables: np.ndarray
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -51,5 +55,12 @@ class ScheduledBatch:
 
     @property
     def sampling_seqs(self) -> list[Sequence]:
-        """Sequences that get a new token this step, in batch order (runner output order)."""
+        """Sequences that get a new token this step, in batch order."""
         return [s.seq for s in self.seqs if s.samples]
+
+    @property
+    def sample_rows(self) -> list[Sequence]:
+        """One entry per token sampled this step, in runner output order: each sampling
+        sequence, followed by the children it forks into this step (they sample from the same
+        logits row with their own generators)."""
+        return [r for s in self.seqs if s.samples for r in (s.seq, *s.seq.fork_children)]

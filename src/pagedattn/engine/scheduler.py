@@ -14,7 +14,12 @@ prefill mixed with decodes). Each sequence only tracks ``num_computed_tokens``; 
 2. if nothing was preempted, waiting sequences are admitted in arrival order while sequences,
    budget and pages allow; each reuses every full cached page of its prefix.
 
-A request that can never fit is rejected at once (see :meth:`Scheduler.add`).
+A request that can never fit is rejected at once (see :meth:`Scheduler.add`). A request with
+``n`` / ``best_of`` > 1 is one prefill; when its sequence samples its first token it forks
+(``CacheManager.fork``: shared full pages, the partial last page copied by the next step's runner)
+into the request's other sequences, which then run as independent sequences. A child that finds
+no page for its copy starts waiting, like a preempted sequence (recomputed, prefix cache hits).
+A sequence asking for prompt logprobs skips the prefix cache (a cached page has no logits).
 """
 
 from __future__ import annotations
@@ -23,18 +28,15 @@ import time
 from collections import deque
 from collections.abc import Collection
 
-import numpy as np
-
-from pagedattn.cache import CacheManager
+from pagedattn.cache import CacheManager, OutOfPagesError
 from pagedattn.config import CacheConfig, SchedulerConfig
-from pagedattn.engine.outputs import FINISH_ABORT, REJECT_CAPACITY, REJECT_CONTEXT, RequestOutput
+from pagedattn.engine.capacity import rejection, request_pages
+from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
+from pagedattn.engine.sampler_output import SamplerOutput
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
+from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Scheduler:
@@ -64,35 +66,42 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
-        self._requests: dict[str, Sequence] = {}
+        self._requests: dict[str, SequenceGroup] = {}
         self._pending: list[RequestOutput] = []  # finished outside a step (reject, abort)
+        self._page_copies: list[tuple[int, int]] = []  # forks of the last step, for the next
 
     # ---- requests --------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence, or finish it at once.
+    def add(self, group: SequenceGroup) -> None:
+        """Queue a request (its parent sequence), or finish it at once.
 
         Rejected with ``context_length_exceeded``: a prompt that leaves no room for one token
         under ``max_model_len``, or (chunked prefill off) a prompt longer than
         ``max_num_batched_tokens``. Rejected with ``cache_capacity_exceeded``: its K/V alone,
         at its largest (prompt + max_tokens - 1 tokens, or the window bound), would need more
-        pages than the pool holds. ``max_tokens == 0`` finishes with "length" at once.
+        pages than the pool holds (every completion counted, the prompt's full pages once).
+        ``max_tokens == 0`` finishes with "length" at once (after the prompt when prompt
+        logprobs are asked).
         The outcome is returned by the next :meth:`postprocess`.
 
         Raises:
             ValueError: the request id is already in use.
         """
+        seq = group.parent
         if seq.request_id in self._requests:
             raise ValueError(f"request_id {seq.request_id!r} is already in use")
         now = time.monotonic()
         reason = self._rejection(seq)
-        if reason is not None or seq.params.max_tokens == 0:
+        at_once = seq.params.max_tokens == 0 and seq.params.prompt_logprobs is None
+        if reason is not None or at_once:
             if reason is None:
                 seq.finish("length", now)
+                group.finish_unforked("length", now)
             else:
                 seq.finish(reason[0], now, error=reason[1])
-            self._finish_outside_step(seq)
+                group.finish_unforked(reason[0], now, error=reason[1])
+            self._finish_outside_step(group)
             return
-        self._requests[seq.request_id] = seq
+        self._requests[seq.request_id] = group
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> bool:
@@ -101,62 +110,64 @@ class Scheduler:
         Returns:
             True when the request was waiting or running; False when unknown or finished.
         """
-        seq = self._requests.pop(request_id, None)
-        if seq is None:
+        group = self._requests.pop(request_id, None)
+        if group is None:
             return False
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            self.cache.free_sequence(seq.seq_id)
-        else:
-            self.waiting.remove(seq)
-        seq.finish(FINISH_ABORT, time.monotonic())
-        self._finish_outside_step(seq)
+        now = time.monotonic()
+        group.finish_unforked(FINISH_ABORT, now)
+        for seq in group.seqs:
+            if seq.is_finished:
+                continue
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+                self.cache.free_sequence(seq.seq_id)
+            else:
+                self.waiting.remove(seq)
+            seq.finish(FINISH_ABORT, now)
+        self._finish_outside_step(group)
         return True
 
     def get(self, request_id: str) -> Sequence | None:
-        """The waiting or running sequence of a request, None when unknown or finished."""
-        return self._requests.get(request_id)
+        """The parent sequence of a waiting or running request, None when unknown/finished."""
+        group = self._requests.get(request_id)
+        return None if group is None else group.parent
 
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running, or an output is still to be returned."""
         return bool(self.waiting or self.running or self._pending)
 
-    def max_pages_per_seq(self, num_prompt_tokens: int, max_tokens: int) -> int:
-        """Most pages one request can hold at once (its K/V alone, smallest chunks allowed)."""
-        kv_tokens = num_prompt_tokens + max_tokens - 1
-        if self.max_model_len is not None:
-            kv_tokens = min(kv_tokens, self.max_model_len - 1)
-        ps = self.cache_config.page_size
-        need = _cdiv(max(kv_tokens, num_prompt_tokens), ps)
-        w = self.cache_config.sliding_window
-        if w is not None:
-            chunk = 1 if self.config.enable_chunked_prefill else num_prompt_tokens
-            sink_pages = _cdiv(self.cache_config.num_sink_tokens, ps)
-            need = min(need, sink_pages + _cdiv(w + chunk - 2, ps) + 1)
-        return need
+    def max_pages_per_seq(
+        self, num_prompt_tokens: int, max_tokens: int, num_completions: int = 1
+    ) -> int:
+        """Most pages one request can hold at once (:func:`capacity.request_pages`)."""
+        return request_pages(
+            self.cache_config,
+            self.config,
+            self.max_model_len,
+            num_prompt_tokens,
+            max_tokens,
+            num_completions,
+        )
 
     def _rejection(self, seq: Sequence) -> tuple[str, str] | None:
-        n, limit = seq.num_prompt_tokens, self.max_model_len
-        if limit is not None and n + min(1, seq.params.max_tokens) > limit:
-            return REJECT_CONTEXT, f"prompt has {n} tokens; max_model_len is {limit}"
-        budget = self.config.max_num_batched_tokens
-        if not self.config.enable_chunked_prefill and n > budget:
-            return REJECT_CONTEXT, (
-                f"prompt has {n} tokens > max_num_batched_tokens={budget} and chunked "
-                "prefill is off"
-            )
-        need = self.max_pages_per_seq(n, seq.params.max_tokens)
-        if need > self.cache.num_pages:
-            return REJECT_CAPACITY, (
-                f"needs {need} pages of {self.cache_config.page_size} tokens; the pool has "
-                f"{self.cache.num_pages}"
-            )
-        return None
+        p = seq.params
+        return rejection(
+            self.cache_config,
+            self.config,
+            self.max_model_len,
+            self.cache.num_pages,
+            seq.num_prompt_tokens,
+            p.max_tokens,
+            p.num_completions,
+        )
 
-    def _finish_outside_step(self, seq: Sequence) -> None:
-        assert seq.finish_reason is not None
-        self.stats.num_finished[seq.finish_reason] += 1
-        self._pending.append(seq.take_output())
+    def _finish_outside_step(self, group: SequenceGroup) -> None:
+        reason = group.parent.finish_reason
+        assert reason is not None
+        self.stats.num_finished[reason] += 1
+        out = group.take_output()
+        if out is not None:
+            self._pending.append(out)
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -188,43 +199,57 @@ class Scheduler:
                 scheduled.append(item)
                 budget -= item.num_new_tokens
         page_tables = self.cache.page_tables([s.seq.seq_id for s in scheduled])
-        return ScheduledBatch(seqs=scheduled, page_tables=page_tables)
+        copies, self._page_copies = self._page_copies, []
+        return ScheduledBatch(seqs=scheduled, page_tables=page_tables, page_copies=copies)
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: np.ndarray) -> list[RequestOutput]:
-        """Advance the scheduled sequences, append sampled tokens, finish and free.
+    def postprocess(self, batch: ScheduledBatch, out: SamplerOutput) -> list[RequestOutput]:
+        """Advance the scheduled sequences, record prompt logprobs, fork, append sampled
+        tokens, finish and free.
 
         Args:
             batch: what :meth:`schedule` returned.
-            token_ids: (len(batch.sampling_seqs),) int sampled ids, in batch order.
+            out: the runner's output for it (one token per ``batch.sample_rows`` entry).
 
         Returns:
-            Outputs finished outside the step (rejections, aborts) first, then one output per
-            sequence that sampled a token, in batch order.
+            Outputs finished outside the step (rejections, aborts) first, then one delta per
+            request that changed this step, in batch order.
 
         Raises:
-            ValueError: ``token_ids`` of the wrong length.
+            ValueError: ``out.token_ids`` of the wrong length.
         """
-        if len(token_ids) != len(batch.sampling_seqs):
-            raise ValueError(
-                f"token_ids: expected ({len(batch.sampling_seqs)},) ids, got {len(token_ids)}"
-            )
+        rows = batch.sample_rows
+        if len(out.token_ids) != len(rows):
+            raise ValueError(f"token_ids: expected ({len(rows)},) ids, got {len(out.token_ids)}")
         now = time.monotonic()
         outputs, self._pending = self._pending, []
-        sampled = iter(int(t) for t in token_ids)
+        logprobs = out.logprobs or [None] * len(rows)
+        sampled = iter(zip(out.token_ids.tolist(), logprobs, strict=True))
+        touched: dict[str, SequenceGroup] = {}
         for item in batch.seqs:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
+            if seq.seq_id in out.prompt_logprobs:
+                seq.add_prompt_logprobs(*out.prompt_logprobs[seq.seq_id])
+            group = self._requests[seq.request_id]
             if not item.samples:
+                if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
+                    seq.finish("length", now)  # prompt logprobs only
+                    group.finish_unforked("length", now)
+                    self._retire(seq, group)
+                    touched[seq.request_id] = group
                 continue
-            seq.append_token(next(sampled), self.eos_token_ids, now)
-            self.stats.num_generation_tokens += 1
-            if seq.is_finished:
-                self.running.remove(seq)
-                self.cache.free_sequence(seq.seq_id)
-                del self._requests[seq.request_id]
-                assert seq.finish_reason is not None
-                self.stats.num_finished[seq.finish_reason] += 1
-            outputs.append(seq.take_output())
+            children, seq.fork_children = seq.fork_children, []
+            for s in (seq, *(self._fork(seq, c) for c in children)):
+                token_id, lp = next(sampled)
+                s.append_token(token_id, self.eos_token_ids, now, lp)
+                self.stats.num_generation_tokens += 1
+                if s.is_finished:
+                    self._retire(s, group)
+            touched[seq.request_id] = group
+        for group in touched.values():
+            delta = group.take_output()
+            if delta is not None:
+                outputs.append(delta)
         if batch.seqs:
             self.stats.record_step(len(batch.seqs), batch.num_tokens)
         return outputs
@@ -233,7 +258,36 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
         slots = self.cache.append_slots(seq.seq_id, seq.token_ids[start : start + n])
-        return ScheduledSeq(seq, n, slots, samples=start + n == seq.num_tokens)
+        samples = start + n == seq.num_tokens and seq.params.max_tokens > 0
+        return ScheduledSeq(seq, n, slots, samples=samples)
+
+    def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
+        """Start ``child`` from ``parent``'s pages (copy-on-write of the partial last page);
+        without a free page for the copy it waits and is recomputed like a preempted one."""
+        try:
+            self._page_copies.extend(self.cache.fork(parent.seq_id, child.seq_id))
+        except OutOfPagesError:
+            child.num_computed_tokens = 0
+            child.status = SequenceStatus.WAITING
+            self.waiting.appendleft(child)
+            return child
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        return child
+
+    def _retire(self, seq: Sequence, group: SequenceGroup) -> None:
+        """Free a finished sequence; forget its request once every sequence finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.cache.free_sequence(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if group.is_finished:
+            del self._requests[seq.request_id]
+            assert group.parent.finish_reason is not None
+            self.stats.num_finished[group.parent.finish_reason] += 1
 
     def _fitting_chunk(self, seq: Sequence, n: int) -> int:
         """Largest chunk <= n that fits the free pages (binary search; 0 when none)."""
@@ -247,7 +301,9 @@ class Scheduler:
         return lo
 
     def _admit(self, seq: Sequence, budget: int) -> ScheduledSeq | None:
-        num_cached = self.cache.add_sequence(seq.seq_id, seq.token_ids)
+        # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
+        lookup = () if seq.needs_prompt_logits else seq.token_ids
+        num_cached = self.cache.add_sequence(seq.seq_id, lookup)
         n = seq.num_tokens - num_cached
         whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
         if whole and n > budget:

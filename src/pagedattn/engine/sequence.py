@@ -9,15 +9,17 @@ after preemption are all "compute the next tokens up to num_tokens"; a step that
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 import numpy as np
 
+from pagedattn.engine.logprobs import TokenLogprobs, to_position_logprobs
 from pagedattn.engine.outputs import (
     FINISH_LENGTH,
     FINISH_STOP,
     CompletionOutput,
+    PositionLogprobs,
     RequestMetrics,
     RequestOutput,
 )
@@ -56,7 +58,11 @@ class Sequence:
         max_model_len: finish with "length" once prompt + generated reach this many tokens;
             None = no limit.
         prompt: the prompt text as the caller gave it (None for token-id prompts).
-        index: which of its request's completions this sequence is (0 .. n - 1).
+        index: which of its request's completions this sequence is (0 .. best_of - 1).
+        decode_token: one token id -> its text (logprobs' ``decoded_token``); None = no text.
+        special_stops: special-token id -> the stop string equal to its text: sampling that
+            token stops like the stop string (special tokens never reach the text stream).
+        metrics: shared with the other completions of the request; None = a new one.
 
     Raises:
         ValueError: an empty prompt.
@@ -74,6 +80,9 @@ class Sequence:
         max_model_len: int | None = None,
         prompt: str | None = None,
         index: int = 0,
+        decode_token: Callable[[int], str] | None = None,
+        special_stops: Mapping[int, str] | None = None,
+        metrics: RequestMetrics | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: the prompt has no tokens")
@@ -94,10 +103,23 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
-        self.metrics = RequestMetrics(arrival_time=arrival_time)
-        self._stop = StopStringTracker(params.stop)
+        self.stop_reason: int | str | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time) if metrics is None else metrics
+        self.decode_token = decode_token
+        self.special_stops = dict(special_stops or {})
+        # Children this sequence forks into when it samples its first token (n / best_of > 1).
+        self.fork_children: list[Sequence] = []
+        self.cumulative_logprob: float | None = 0.0 if params.needs_logprob else None
+        # Per prompt token its logprobs (index 0 stays None) once all are computed.
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
+        self._prompt_lp: dict[int, TokenLogprobs] = {}
+        if params.prompt_logprobs is not None and self.num_prompt_tokens == 1:
+            self.prompt_logprobs = [None]
+        self._stop = StopStringTracker(params.stop, params.include_stop_str_in_output)
         self._pending_text = ""
         self._pending_token_ids: list[int] = []
+        self._pending_logprobs: list[PositionLogprobs] = []
+        self._finish_reported = False
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
@@ -125,32 +147,86 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """True while prompt logprobs are asked for and not all computed yet (the parent
+        sequence, index 0, computes them)."""
+        return (
+            self.index == 0
+            and self.params.prompt_logprobs is not None
+            and self.prompt_logprobs is None
+        )
+
+    @property
+    def has_delta(self) -> bool:
+        """True when :meth:`take_delta` has something new (tokens, text or the finish)."""
+        return bool(
+            self._pending_token_ids
+            or self._pending_text
+            or (self.is_finished and not self._finish_reported)
+        )
+
+    @property
     def text(self) -> str:
         """The output text kept so far (emitted or held back; never a stop string)."""
         return self._stop.text
 
     # ---- transitions -----------------------------------------------------------------------
-    def append_token(self, token_id: int, eos_token_ids: Collection[int], now: float) -> None:
-        """Record one sampled token and decide whether the request is finished.
+    def add_prompt_logprobs(self, first: int, logprobs: list[TokenLogprobs]) -> None:
+        """Record prompt logprobs of positions ``first ..`` (from the runner); once every
+        prompt token from position 1 on has one, :attr:`prompt_logprobs` is set."""
+        for j, tl in enumerate(logprobs):
+            self._prompt_lp[first + j] = tl
+        if len(self._prompt_lp) >= self.num_prompt_tokens - 1:
+            lps = self._prompt_lp
+            self.prompt_logprobs = [None] + [
+                to_position_logprobs(lps[i], self.decode_token)
+                for i in range(1, self.num_prompt_tokens)
+            ]
+
+    def append_token(
+        self,
+        token_id: int,
+        eos_token_ids: Collection[int],
+        now: float,
+        logprobs: TokenLogprobs | None = None,
+    ) -> None:
+        """Record one sampled token (with its logprobs when asked) and decide whether the
+        request is finished.
 
         Order of checks: a stop token id or end-of-sequence (unless ``ignore_eos``) ends with
-        "stop" and adds no text; then the token's text may complete a stop string ("stop", text
-        cut before it); then ``max_tokens`` / ``max_model_len`` end with "length".
+        "stop" and adds no text; a special token whose text is a stop string ends with "stop";
+        then the token's text may complete a stop string ("stop", text cut before it unless
+        ``include_stop_str_in_output``; not checked before ``min_tokens`` tokens); then
+        ``max_tokens`` / ``max_model_len`` end with "length".
         """
         self.token_ids.append(token_id)
         self._pending_token_ids.append(token_id)
+        if logprobs is not None:
+            self._pending_logprobs.append(to_position_logprobs(logprobs, self.decode_token))
+            if self.cumulative_logprob is not None:
+                self.cumulative_logprob += logprobs.logprob
         m = self.metrics
         if m.first_token_time is None:
             m.first_token_time = now
         m.last_token_time = now
         p = self.params
         if token_id in p.stop_token_ids or (not p.ignore_eos and token_id in eos_token_ids):
+            self.stop_reason = token_id if token_id in p.stop_token_ids else None
             self.finish(FINISH_STOP, now)
             return
+        checking = self.num_generated_tokens > p.min_tokens  # vLLM: min_tokens come first
+        if token_id in self.special_stops and checking:
+            self.stop_reason = self.special_stops[token_id]
+            self.finish(FINISH_STOP, now)  # releases held-back text: it was no stop string
+            if p.include_stop_str_in_output:
+                self._stop.text += self.stop_reason
+                self._pending_text += self._stop.flush()
+            return
         if self.text_stream is not None:
-            delta, stopped = self._stop.add(self.text_stream.add_token(token_id))
+            delta, stopped = self._stop.add(self.text_stream.add_token(token_id), checking)
             self._pending_text += delta
             if stopped:
+                self.stop_reason = self._stop.matched
                 self.finish(FINISH_STOP, now)
                 return
         over_len = self.max_model_len is not None and self.num_tokens >= self.max_model_len
@@ -178,25 +254,34 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_preemptions += 1
 
-    def take_output(self) -> RequestOutput:
-        """The delta since the previous call (clears the pending delta): a RequestOutput whose
-        one CompletionOutput holds the new text and token ids."""
+    def take_delta(self) -> CompletionOutput:
+        """This completion's delta since the previous call (clears it)."""
         completion = CompletionOutput(
             index=self.index,
             text=self._pending_text,
             token_ids=self._pending_token_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=self._pending_logprobs if self.params.logprobs is not None else None,
             finish_reason=self.finish_reason,
-        )
-        out = RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self._prompt_token_ids,
-            outputs=[completion],
-            finished=self.is_finished,
-            metrics=self.metrics,
-            num_cached_tokens=self.num_cached_tokens,
-            error=self.error,
+            stop_reason=self.stop_reason,
         )
         self._pending_text = ""
         self._pending_token_ids = []
-        return out
+        self._pending_logprobs = []
+        self._finish_reported = self.is_finished
+        return completion
+
+    def take_output(self) -> RequestOutput:
+        """The delta since the previous call as a RequestOutput holding this one completion
+        (a single-sequence view; requests go through ``SequenceGroup.take_output``)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self._prompt_token_ids,
+            outputs=[self.take_delta()],
+            finished=self.is_finished,
+            metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs,
+            error=self.error,
+        )

@@ -16,12 +16,13 @@ class StopStringTracker:
 
     Args:
         stop: the request's stop strings (non-empty); may be empty (nothing is held back).
+        include_stop_str: keep the matched stop string at the end of the text.
 
     Raises:
         ValueError: an empty stop string.
     """
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include_stop_str: bool = False) -> None:
         if any(not s for s in stop):
             raise ValueError(f"stop: expected non-empty strings, got {list(stop)!r}")
         self.stop = tuple(stop)
@@ -29,12 +30,16 @@ class StopStringTracker:
         self.text = ""  # all kept output text (truncated at a stop string once one matched)
         self.num_emitted = 0  # characters of ``text`` already handed out
         self.stopped = False
+        self.include_stop_str = include_stop_str
+        self.matched: str | None = None  # the stop string that matched
 
-    def add(self, delta: str) -> tuple[str, bool]:
+    def add(self, delta: str, check: bool = True) -> tuple[str, bool]:
         """Append a text delta.
 
         Args:
             delta: new text of the latest token (may be empty).
+            check: look for stop strings (False while ``min_tokens`` are not reached: the
+                text is kept and emitted, nothing is held back).
 
         Returns:
             (text that may be emitted now, True when a stop string matched). After a match the
@@ -46,11 +51,13 @@ class StopStringTracker:
         # characters before it.
         search_from = max(0, len(self.text) - self.max_stop_len + 1)
         self.text += delta
-        match = min(
-            (i for s in self.stop if (i := self.text.find(s, search_from)) >= 0), default=-1
-        )
-        if match >= 0:
-            self.text = self.text[:match]
+        if not check:
+            return self._emit(len(self.text)), False
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
+        if hits:
+            match, self.matched = min(hits)
+            end = match + len(self.matched) if self.include_stop_str else match
+            self.text = self.text[:end]
             self.stopped = True
             return self._emit(len(self.text)), True
         return self._emit(len(self.text) - self._held_back()), False

@@ -56,10 +56,13 @@ class StreamOptions(_Request):
 
 
 class SamplingFields(_Request):
-    """Fields shared by both generation endpoints.
+    """Fields shared by both generation endpoints (OpenAI's, plus vLLM's sampling extensions
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
+    ``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``).
 
-    ``max_tokens`` (or ``max_completion_tokens``, which wins when both are set) must be >= 1;
-    None = as many as the model context and the KV pool allow (completions: 16, as OpenAI).
+    ``max_tokens`` (or ``max_completion_tokens``, which wins when both are set) must be >= 1
+    (0 is allowed with completions' ``echo``); None = as many as the model context and the KV
+    pool allow (completions: 16, as OpenAI). ``logit_bias`` keys are token ids (JSON strings).
     """
 
     model: str | None = None
@@ -75,6 +78,15 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     # structured output (server/structured.py): OpenAI's, then vLLM's guided decoding fields
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -127,10 +139,13 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(SamplingFields):
-    """``POST /v1/chat/completions``: the model's chat template renders the conversation."""
+    """``POST /v1/chat/completions``: the model's chat template renders the conversation.
+    ``logprobs: true`` reports each generated token's logprob, ``top_logprobs`` (0..20, needs
+    ``logprobs``) its most likely alternatives."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
+    top_logprobs: int | None = None
     # chat template (vLLM's extensions; server/chat_prompt.py)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -174,11 +189,23 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 FinishReason = Literal["stop", "length"]
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions ``logprobs``: per token its text, logprob (None for the first
+    prompt token under ``echo``), the top-N alternatives (text -> logprob) and the character
+    offset of the token in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
+    stop_reason: int | str | None = None
 
 
 class Completion(BaseModel):
@@ -198,11 +225,32 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    """One alternative: token text, logprob, UTF-8 bytes of the text."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    """One generated token's logprob with its ``top_logprobs`` alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's chat ``logprobs``: ``content`` holds one entry per generated token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -223,7 +271,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -2,11 +2,16 @@
 
 Request rules (each violation is a 400 with an OpenAI error body, before the engine sees it):
 
-- ``n`` must be 1; ``best_of`` > 1, ``echo`` and ``logprobs`` are refused (not supported).
-- ``max_tokens`` / ``max_completion_tokens`` must be >= 1 (OpenAI rejects 0 too; the engine
-  itself would accept 0 and return nothing). Absent: completions generate 16 tokens (OpenAI's
+- ``n`` in 1..128 choices (forked from one prefill); completions' ``best_of`` >= ``n`` (the ``n``
+  with the highest cumulative logprob), not streamed when ``best_of > n`` (as OpenAI).
+- completions ``logprobs: N`` (0..20) and ``echo`` (the prompt's text, and with ``logprobs``
+  its tokens' logprobs, the first null, before the generated ones); chat ``logprobs: true`` with
+  ``top_logprobs`` 0..20 (``top_logprobs`` needs ``logprobs``).
+- ``max_tokens`` / ``max_completion_tokens`` must be >= 1, or >= 0 with ``echo`` (then only the
+  prompt comes back). Absent: completions generate 16 tokens (OpenAI's
   default), chat completions as many as fit (the model context left after the prompt, at most
   ``default_max_tokens``), both then shrunk to what the KV pool can hold.
+- ``logit_bias`` keys and ``stop_token_ids`` must be ids inside the tokenizer's vocabulary.
 - prompt + max_tokens must fit ``max_model_len`` (code ``context_length_exceeded``), and the
   request's K/V at its largest must fit the whole page pool (code ``cache_capacity_exceeded``).
 - sampling values out of range (temperature < 0, top_p outside (0, 1], negative seed, empty
@@ -27,6 +32,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pagedattn.engine.llm import merge_delta
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
@@ -35,18 +41,28 @@ from pagedattn.server.chat_prompt import chat_prompt_ids
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, value_error
 from pagedattn.server.request_fields import check_request_fields
-from pagedattn.server.sse import finish_reason_of, sse_events, usage_of
+from pagedattn.server.responses import chat_response, completion_response
+from pagedattn.server.sse import sse_events
 from pagedattn.server.structured import StructuredOutput
 
 DISCONNECT_POLL_S = 0.25
+MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated request: prompt ids and sampling parameters."""
+    """A validated request: prompt ids, sampling parameters, and how to answer.
+
+    Attributes:
+        echo_text: the prompt's text to put before each choice's text (completions ``echo``),
+            else None.
+        num_top: alternatives per token in the response's logprobs; None = no logprobs.
+    """
 
     prompt_token_ids: list[int]
     params: SamplingParams
+    echo_text: str | None = None
+    num_top: int | None = None
 
 
 class OpenAIServing:
@@ -90,17 +106,21 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def _fits_pool(self, num_prompt: int, max_tokens: int) -> bool:
+    def _fits_pool(self, num_prompt: int, max_tokens: int, copies: int = 1) -> bool:
         sched = self.engine.scheduler
-        return sched.max_pages_per_seq(num_prompt, max_tokens) <= sched.cache.num_pages
+        return sched.max_pages_per_seq(num_prompt, max_tokens, copies) <= sched.cache.num_pages
 
-    def resolve_max_tokens(self, req: p.SamplingFields, num_prompt: int, default: int) -> int:
-        """The request's max_tokens under the module's rules. Raises APIError (400)."""
+    def resolve_max_tokens(
+        self, req: p.SamplingFields, num_prompt: int, default: int, least: int = 1
+    ) -> int:
+        """The request's max_tokens under the module's rules (``least``: the smallest allowed
+        value, 0 under ``echo``). Raises APIError (400)."""
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else None
         asked = asked if asked is not None else req.max_tokens
         field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        if asked is not None and asked < 1:
-            raise APIError(400, f"{field} must be at least 1, got {asked}", param=field)
+        copies = _copies(req)
+        if asked is not None and asked < least:
+            raise APIError(400, f"{field} must be at least {least}, got {asked}", param=field)
         limit = self.max_model_len
         room = None if limit is None else limit - num_prompt
         if room is not None and room < 1:
@@ -113,12 +133,12 @@ class OpenAIServing:
             )
         if asked is None:
             want = default if room is None else min(default, room)
-            if not self._fits_pool(num_prompt, 1):
-                raise self._capacity_error(num_prompt, 1)
+            if not self._fits_pool(num_prompt, 1, copies):
+                raise self._capacity_error(num_prompt, 1, copies)
             lo, hi = 1, want  # largest max_tokens that fits the pool (monotone)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self._fits_pool(num_prompt, mid) else (lo, mid - 1)
+                lo, hi = (mid, hi) if self._fits_pool(num_prompt, mid, copies) else (lo, mid - 1)
             return lo
         if room is not None and asked > room:
             raise APIError(
@@ -129,17 +149,18 @@ class OpenAIServing:
                 param=field,
                 code="context_length_exceeded",
             )
-        if not self._fits_pool(num_prompt, asked):
-            raise self._capacity_error(num_prompt, asked)
+        if not self._fits_pool(num_prompt, asked, copies):
+            raise self._capacity_error(num_prompt, asked, copies)
         return asked
 
-    def _capacity_error(self, num_prompt: int, max_tokens: int) -> APIError:
+    def _capacity_error(self, num_prompt: int, max_tokens: int, copies: int) -> APIError:
         sched = self.engine.scheduler
-        need = sched.max_pages_per_seq(num_prompt, max_tokens)
+        need = sched.max_pages_per_seq(num_prompt, max_tokens, copies)
         return APIError(
             400,
             f"The request needs {need} KV pages ({num_prompt} prompt tokens + {max_tokens} "
-            f"completion tokens, {sched.cache_config.page_size} tokens per page); the KV pool "
+            f"completion tokens x {copies} sequences, {sched.cache_config.page_size} tokens "
+            "per page); the KV pool "
             f"holds {sched.cache.num_pages} pages.",
             param="max_tokens",
             code="cache_capacity_exceeded",
@@ -148,32 +169,49 @@ class OpenAIServing:
     def _check_common(self, req: p.SamplingFields) -> None:
         self.check_model(req.model)
         check_request_fields(req)  # type: ignore[arg-type]
-        if req.n != 1:
-            raise APIError(400, f"n: only n=1 is supported, got {req.n}", param="n")
+        best_of = getattr(req, "best_of", None)
+        for name, value in (("n", req.n), ("best_of", best_of)):
+            if value is not None and not 1 <= value <= MAX_CHOICES:
+                raise APIError(400, f"{name}: expected 1..{MAX_CHOICES}, got {value}", param=name)
+        if req.stream and best_of is not None and best_of > req.n:
+            raise APIError(400, "best_of: cannot stream when best_of > n", param="best_of")
 
-    def _params(self, req: p.SamplingFields, max_tokens: int) -> SamplingParams:
+    def _params(self, req: p.SamplingFields, max_tokens: int, **extra: Any) -> SamplingParams:
         try:
-            return SamplingParams(
+            bias = None
+            if req.logit_bias is not None:
+                try:
+                    bias = {int(k): v for k, v in req.logit_bias.items()}
+                except ValueError:
+                    raise ValueError("logit_bias: keys must be token ids") from None
+            params = SamplingParams(
+                n=req.n,
                 temperature=req.temperature,
                 top_p=req.top_p,
                 top_k=req.top_k,
+                min_p=req.min_p,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logit_bias=bias,
                 seed=req.seed,
                 max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
                 stop=_stops(req.stop),
+                stop_token_ids=tuple(req.stop_token_ids or ()),
+                include_stop_str_in_output=req.include_stop_str_in_output,
                 ignore_eos=req.ignore_eos,
+                skip_special_tokens=req.skip_special_tokens,
+                **extra,
             )
+            params.check_vocab(self.engine.vocab_size)
+            return params
         except ValueError as exc:
             raise value_error(exc) from exc
 
     def prepare_completion(self, req: p.CompletionRequest) -> Prepared:
         """Validate a completions request. Raises APIError."""
         self._check_common(req)
-        if req.best_of is not None and req.best_of != 1:
-            raise APIError(400, "best_of: only 1 is supported", param="best_of")
-        if req.echo:
-            raise APIError(400, "echo: not supported", param="echo")
-        if req.logprobs is not None:
-            raise APIError(400, "logprobs: not supported", param="logprobs")
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -185,16 +223,32 @@ class OpenAIServing:
             ids = self.engine.encode(prompt)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from exc
-        return Prepared(ids, self._params(req, self.resolve_max_tokens(req, len(ids), 16)))
+        max_tokens = self.resolve_max_tokens(req, len(ids), 16, least=0 if req.echo else 1)
+        params = self._params(
+            req,
+            max_tokens,
+            best_of=req.best_of,
+            logprobs=req.logprobs,
+            prompt_logprobs=req.logprobs if req.echo else None,
+        )
+        echo_text = None
+        if req.echo:
+            echo_text = prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(ids)
+        return Prepared(ids, params, echo_text, req.logprobs)
 
     def prepare_chat(self, req: p.ChatCompletionRequest) -> Prepared:
         """Validate a chat request and render it with the chat template. Raises APIError."""
         self._check_common(req)
-        if req.logprobs:
-            raise APIError(400, "logprobs: not supported", param="logprobs")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise APIError(
+                400, f"top_logprobs: expected 0..20, got {req.top_logprobs}", param="top_logprobs"
+            )
+        num_top = (req.top_logprobs or 0) if req.logprobs else None
         ids = chat_prompt_ids(req, self.engine.tokenizer)
-        default = self.default_max_tokens
-        return Prepared(ids, self._params(req, self.resolve_max_tokens(req, len(ids), default)))
+        max_tokens = self.resolve_max_tokens(req, len(ids), self.default_max_tokens)
+        return Prepared(ids, self._params(req, max_tokens, logprobs=num_top), None, num_top)
 
     # ---- responses -------------------------------------------------------------------------
     async def respond(
@@ -209,41 +263,33 @@ class OpenAIServing:
             params = dataclasses.replace(
                 params, logits_processors=(*params.logits_processors, *processors)
             )
-            prepared = Prepared(prepared.prompt_token_ids, params)
+            prepared = dataclasses.replace(prepared, params=params)
         model_name = req.model or self.model_name
         self.async_engine.start()
         request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
         outputs = self.async_engine.generate(prepared.prompt_token_ids, prepared.params, request_id)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
-            body = sse_events(outputs, request_id, model_name, chat, usage)
+            body = sse_events(
+                outputs, request_id, model_name, chat, usage, prepared, self.token_text
+            )
             return StreamingResponse(body, media_type="text/event-stream")
-        final, text, num_generated = await _collect(raw, outputs)
+        final = await _collect(raw, outputs)
         if final is None:  # the client went away; the request was aborted
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_rejection(final)
-        usage_ = usage_of(final, num_generated)
-        reason = finish_reason_of(final)
-        created = p.now_s()
-        response: p.ChatCompletion | p.Completion
-        if chat:
-            msg = p.AssistantMessage(content=text)
-            response = p.ChatCompletion(
-                id=request_id,
-                created=created,
-                model=model_name,
-                choices=[p.ChatChoice(message=msg, finish_reason=reason)],
-                usage=usage_,
-            )
-        else:
-            response = p.Completion(
-                id=request_id,
-                created=created,
-                model=model_name,
-                choices=[p.CompletionChoice(text=text, finish_reason=reason)],
-                usage=usage_,
-            )
+        build = chat_response if chat else completion_response
+        response = build(final, request_id, model_name, prepared, self.token_text)
         return JSONResponse(p.dump(response))
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text (special tokens included)."""
+        return str(self.engine.tokenizer.decode([token_id], skip_special_tokens=False))
+
+
+def _copies(req: p.SamplingFields) -> int:
+    best_of = getattr(req, "best_of", None)
+    return max(req.n, best_of or 0)
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -257,21 +303,16 @@ def _raise_rejection(out: RequestOutput) -> None:
         raise APIError(400, out.error, code=out.outputs[0].finish_reason)
 
 
-async def _collect(
-    raw: Request, outputs: AsyncIterator[RequestOutput]
-) -> tuple[RequestOutput | None, str, int]:
-    """Join every output: (last output, text, number of generated tokens); the output is None
-    when the client disconnected first (the request is aborted)."""
+async def _collect(raw: Request, outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
+    """Fold every delta into the whole output (:func:`merge_delta`); None when the client
+    disconnected first (the request is aborted)."""
 
-    async def join() -> tuple[RequestOutput | None, str, int]:
-        parts: list[str] = []
-        num_generated = 0
+    async def join() -> RequestOutput | None:
+        acc: dict[str, RequestOutput] = {}
         last = None
         async for out in outputs:
-            parts.append(out.outputs[0].text)
-            num_generated += len(out.outputs[0].token_ids)
-            last = out
-        return last, "".join(parts), num_generated
+            last = merge_delta(acc, out)
+        return last
 
     task = asyncio.ensure_future(join())
     try:
@@ -280,7 +321,7 @@ async def _collect(
             if done:
                 return task.result()
             if await raw.is_disconnected():
-                return None, "", 0
+                return None
     finally:
         if not task.done():
             task.cancel()

@@ -1,0 +1,31 @@
+"""SamplerOutput: what one model-runner step returns to the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagedattn.engine.logprobs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """The sampled tokens of one step, with the logprobs their requests asked for.
+
+    Attributes:
+        token_ids: (len(batch.sample_rows),) int64 sampled ids, in ``sample_rows`` order.
+        logprobs: per sample row, the sampled token's :class:`TokenLogprobs` when its request
+            needs them (``SamplingParams.needs_logprob``), else None.
+        prompt_logprobs: seq_id -> (first position, logprobs): entry ``j`` holds the logprob of
+            prompt token ``first + j`` (computed from the logits row of position
+            ``first + j - 1``), for sequences that asked for prompt logprobs.
+    """
+
+    token_ids: np.ndarray
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> SamplerOutput:
+        return cls(np.zeros(0, dtype=np.int64))

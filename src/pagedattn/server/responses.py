@@ -1,0 +1,122 @@
+"""Whole (non-streamed) responses: one OpenAI choice per completion of the request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pagedattn.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from pagedattn.server import protocol as p
+from pagedattn.server.logprobs import chat_logprobs, completion_logprobs
+
+if TYPE_CHECKING:
+    from pagedattn.server.serving import Prepared
+
+
+def openai_finish_reason(c: CompletionOutput) -> p.FinishReason | None:
+    """OpenAI's finish reason: "length" for the engine's "length", else "stop" (None while
+    running)."""
+    if c.finish_reason is None:
+        return None
+    return "length" if c.finish_reason == "length" else "stop"
+
+
+def usage_of(out: RequestOutput, num_generated_tokens: int) -> p.Usage:
+    """The usage block of a request, given how many tokens all its choices generated."""
+    return p.make_usage(out.num_prompt_tokens, num_generated_tokens, out.num_cached_tokens)
+
+
+def echo_logprobs(out: RequestOutput) -> list[PositionLogprobs | None]:
+    """The prompt's positions (first None) for ``echo`` with logprobs.
+
+    Raises:
+        ValueError: the output has no prompt logprobs.
+    """
+    if out.prompt_logprobs is None:
+        raise ValueError("prompt_logprobs: expected them with echo + logprobs, got None")
+    return list(out.prompt_logprobs)
+
+
+def completion_choice(
+    out: RequestOutput,
+    c: CompletionOutput,
+    prepared: Prepared,
+    decode: Callable[[int], str],
+    *,
+    with_prompt: bool,
+    initial_offset: int = 0,
+    finish: bool = True,
+) -> p.CompletionChoice:
+    """One completions choice for ``c`` (the whole completion, or one delta of it); under echo
+    and ``with_prompt`` the prompt text and its logprobs come first."""
+    text, ids = c.text, list(c.token_ids)
+    positions: list[PositionLogprobs | None] = list(c.logprobs or [])
+    if with_prompt and prepared.echo_text is not None:
+        text = prepared.echo_text + text
+        ids = [*out.prompt_token_ids, *ids]
+        if prepared.num_top is not None:
+            positions = [*echo_logprobs(out), *positions]
+    logprobs = None
+    if prepared.num_top is not None:
+        logprobs = completion_logprobs(ids, positions, prepared.num_top, decode, initial_offset)
+    return p.CompletionChoice(
+        index=c.index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=openai_finish_reason(c) if finish else None,
+        stop_reason=c.stop_reason if finish else None,
+    )
+
+
+def completion_response(
+    out: RequestOutput,
+    request_id: str,
+    model: str,
+    prepared: Prepared,
+    decode: Callable[[int], str],
+) -> p.Completion:
+    """The whole completions response of a finished request."""
+    choices = [completion_choice(out, c, prepared, decode, with_prompt=True) for c in out.outputs]
+    return p.Completion(
+        id=request_id,
+        created=p.now_s(),
+        model=model,
+        choices=choices,
+        usage=usage_of(out, sum(len(c.token_ids) for c in out.outputs)),
+    )
+
+
+def chat_choice_logprobs(
+    c: CompletionOutput, prepared: Prepared, decode: Callable[[int], str]
+) -> p.ChatLogprobs | None:
+    """Chat logprobs of ``c``'s tokens when asked, else None."""
+    if prepared.num_top is None:
+        return None
+    return chat_logprobs(c.token_ids, c.logprobs or [], prepared.num_top, decode)
+
+
+def chat_response(
+    out: RequestOutput,
+    request_id: str,
+    model: str,
+    prepared: Prepared,
+    decode: Callable[[int], str],
+) -> p.ChatCompletion:
+    """The whole chat response of a finished request."""
+    choices = [
+        p.ChatChoice(
+            index=c.index,
+            message=p.AssistantMessage(content=c.text),
+            logprobs=chat_choice_logprobs(c, prepared, decode),
+            finish_reason=openai_finish_reason(c),
+            stop_reason=c.stop_reason,
+        )
+        for c in out.outputs
+    ]
+    return p.ChatCompletion(
+        id=request_id,
+        created=p.now_s(),
+        model=model,
+        choices=choices,
+        usage=usage_of(out, sum(len(c.token_ids) for c in out.outputs)),
+    )
