@@ -165,3 +165,23 @@ def test_whitespace_pattern_is_honoured(client: Any) -> None:
     jsonschema.validate(json.loads(text), schema)
     outside_strings = re.sub(r'"[^"]*"', "", text)
     assert " " not in outside_strings  # the default layout would put ": " and ", " there
+
+
+def test_forked_choices_each_follow_the_grammar(client: Any) -> None:
+    # n > 1 forks one prefill; the children share one processor, which must follow each
+    # child's own tokens (rollback to the common prefix) rather than mix them
+    schema = SCHEMAS[4]
+    out = client.completions.create(
+        model="tiny-llama",
+        prompt="digits:",
+        n=4,
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        seed=3,
+        extra_body={"guided_json": schema},
+    )
+    texts = [c.text for c in out.choices]
+    assert len(texts) == 4 and len(set(texts)) > 1  # the children did diverge
+    for choice in out.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.text), schema)
