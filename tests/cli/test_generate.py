@@ -56,11 +56,12 @@ def test_raw_system_and_sampling_options_match_llm_generate(tiny_gguf: Path) -> 
 def test_max_tokens_with_ignore_eos_gives_exactly_n_tokens_and_stats(
     tiny_gguf: Path, max_tokens: int
 ) -> None:
-    code, _, err = _generate(
+    code, out, err = _generate(
         "hello world", "-m", str(tiny_gguf), "--max-tokens", str(max_tokens),
         "--ignore-eos", "--stats", "--page-size", "4",
     )  # fmt: skip
     assert code == 0, err
+    assert out.endswith("\n")  # a "length" finish ends its line: --stats starts on a new one
     # Chat-templated prompt: 2 system-less ChatML headers around "hello world".
     llm = LLM(str(tiny_gguf), page_size=4)
     prompt = llm.engine.tokenizer.encode_chat([{"role": "user", "content": "hello world"}])
