@@ -85,7 +85,7 @@ def test_end_of_input_ends_the_chat_and_system_message_is_used(tiny_gguf: Path) 
 def test_bad_option_is_one_line_error(tiny_gguf: Path) -> None:
     result = runner.invoke(app, ["chat", "-m", str(tiny_gguf), "--top-p", "2"], input="hi\n")
     assert result.exit_code == 1
-    assert result.stderr == "error: top_p: expected a float in (0, 1], got 2.0\n"
+    assert result.stderr == "error: --top-p: expected a float in (0, 1], got 2.0\n"
 
 
 @pytest.mark.model

@@ -56,15 +56,19 @@ def test_raw_system_and_sampling_options_match_llm_generate(tiny_gguf: Path) -> 
 def test_max_tokens_with_ignore_eos_gives_exactly_n_tokens_and_stats(
     tiny_gguf: Path, max_tokens: int
 ) -> None:
-    code, _, err = _generate(
+    code, out, err = _generate(
         "hello world", "-m", str(tiny_gguf), "--max-tokens", str(max_tokens),
         "--ignore-eos", "--stats", "--page-size", "4",
     )  # fmt: skip
     assert code == 0, err
+    assert out.endswith("\n")  # a "length" finish ends its line: --stats starts on a new one
     # Chat-templated prompt: 2 system-less ChatML headers around "hello world".
     llm = LLM(str(tiny_gguf), page_size=4)
     prompt = llm.engine.tokenizer.encode_chat([{"role": "user", "content": "hello world"}])
     assert "decode: " in err
+    # the warm-up (kernel compile / cache load) is timed apart, before the request's figures
+    assert re.search(r"^warm-up: \d+\.\d{3} s \(kernel compile", err, re.MULTILINE), err
+    assert err.index("warm-up: ") < err.index("prefill: ")
     assert f"({max_tokens} tokens generated)" in err
     assert f"cached prompt tokens: 0 of {len(prompt)}" in err
     assert "prefill: " in err and f"({len(prompt)} prompt tokens computed in " in err
@@ -78,11 +82,11 @@ def test_max_tokens_with_ignore_eos_gives_exactly_n_tokens_and_stats(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--temperature", "-1"], "error: temperature: expected a float >= 0, got -1.0"),
-        (["--top-p", "0"], "error: top_p: expected a float in (0, 1], got 0.0"),
-        (["--max-tokens", "-2"], "error: max_tokens: expected an int >= 0, got -2"),
-        (["--sinks", "4"], "error: CacheConfig.num_sink_tokens: needs sliding_window (got None)"),
-        (["--page-size", "0"], "error: CacheConfig.page_size: expected an int >= 1, got 0"),
+        (["--temperature", "-1"], "error: --temperature: expected a float >= 0, got -1.0"),
+        (["--top-p", "0"], "error: --top-p: expected a float in (0, 1], got 0.0"),
+        (["--max-tokens", "-2"], "error: --max-tokens: expected an int >= 0, got -2"),
+        (["--sinks", "4"], "error: --sinks: needs --sliding-window > 0"),
+        (["--page-size", "0"], "error: --page-size: expected an int >= 1, got 0"),
         (
             ["--model", "/no/such/model.gguf"],
             "error: model path /no/such/model.gguf does not exist",

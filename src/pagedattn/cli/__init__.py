@@ -1,5 +1,5 @@
 """`pagedattn` command line: demo | generate | chat | serve |
-bench {kernels, generate, engine, store}.
+bench {kernels, generate, engine, store, structured}.
 
 Each subcommand lives in its own module and imports heavy dependencies lazily,
 so `pagedattn --help` stays fast.
@@ -23,6 +23,7 @@ def _register() -> None:
         bench_generate,
         bench_kernels,
         bench_store,
+        bench_structured,
         chat,
         demo,
         generate,

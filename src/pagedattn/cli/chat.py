@@ -175,7 +175,7 @@ def chat(
     tokens came from the cache). Defaults: greedy (temperature 0), at most 256 tokens a turn.
     """
     from pagedattn.cli import session as sessions
-    from pagedattn.cli.stream import format_stats, stream_request
+    from pagedattn.cli.stream import format_stats, stream_request, warm_up
 
     with cli_errors():
         if session is not None:
@@ -201,9 +201,10 @@ def chat(
             kv_store=kv_store,
         )
         conversation = Conversation(engine.tokenizer, system)
-        conversation.prompt_for("")  # fail now if the model has no chat template
+        first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template
         if session is not None:
             _resume(engine, conversation, session)
+        warmup_s = warm_up(engine, first_ids[0]) if stats and first_ids else None
         print(HELP_TEXT, file=sys.stderr, flush=True)
         try:
             while True:
@@ -236,6 +237,7 @@ def chat(
                 conversation.record(user, ids, text, result.token_ids, result.text)
                 _save(engine, conversation, session)
                 if stats:
+                    result.warmup_s, warmup_s = warmup_s, None  # reported with the first turn
                     print(format_stats(result), file=sys.stderr, flush=True)
         finally:
             engine.close()  # the queued kv-store writes land before the process exits

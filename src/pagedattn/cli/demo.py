@@ -11,26 +11,48 @@ from pagedattn.cli.app import app
 
 @app.command("demo")
 def demo(
-    tokens: Annotated[int, typer.Option("--tokens", "-t", min=1, help="Tokens to stream.")] = 512,
-    page_size: Annotated[int, typer.Option(min=1, help="Tokens per page.")] = 16,
-    max_pages: Annotated[int, typer.Option(min=1, help="Pages in the pool.")] = 8,
+    tokens: Annotated[
+        int, typer.Option("--tokens", "-t", min=1, metavar="N", help="Tokens to stream.")
+    ] = 512,
+    page_size: Annotated[int, typer.Option(min=1, metavar="N", help="Tokens per page.")] = 16,
+    num_pages: Annotated[
+        int,
+        typer.Option("--num-pages", "--max-pages", min=1, metavar="N", help="Pages in the pool."),
+    ] = 8,
     sliding_window: Annotated[
-        int, typer.Option(min=0, help="Window W in tokens; 0 = none (LRU page eviction).")
+        int,
+        typer.Option(
+            min=0,
+            metavar="W",
+            help="Window W in tokens; 0 = none (the pool's LRU page eviction bounds what is "
+            "attended).",
+        ),
     ] = 64,
-    sinks: Annotated[int, typer.Option(min=0, help="Sink tokens S kept visible.")] = 0,
-    num_heads: Annotated[int, typer.Option(min=1)] = 9,
-    num_kv_heads: Annotated[int, typer.Option(min=1)] = 3,
-    head_dim: Annotated[int, typer.Option(min=1)] = 64,
-    seed: Annotated[int, typer.Option(help="Seed of the random tokens.")] = 0,
+    sinks: Annotated[int, typer.Option(min=0, metavar="S", help="Sink tokens S kept visible.")] = 0,
+    num_heads: Annotated[int, typer.Option(min=1, metavar="N")] = 9,
+    num_kv_heads: Annotated[int, typer.Option(min=1, metavar="N")] = 3,
+    head_dim: Annotated[int, typer.Option(min=1, metavar="N")] = 64,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the random tokens.")] = 0,
 ) -> None:
     """Check every step against the dense reference; exit 1 on any mismatch above 1e-5 or if
-    resident pages ever exceed --max-pages."""
+    resident pages ever exceed --num-pages.
+
+    A window needs ceil(W / page_size) + 1 pages plus the sink pages; a pool smaller than
+    that is an error (exit 2) rather than a window silently cut to what the pool holds."""
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from pagedattn.demo import run_demo
 
+    if sliding_window:
+        need = -(-sliding_window // page_size) + 1 + -(-sinks // page_size)
+        if need > num_pages:
+            raise typer.BadParameter(
+                f"--sliding-window {sliding_window} with --sinks {sinks} needs {need} pages of "
+                f"{page_size} tokens; --num-pages is {num_pages}",
+                param_hint="--num-pages",
+            )
     if num_heads % num_kv_heads:
         raise typer.BadParameter(
             f"--num-heads ({num_heads}) must be a multiple of --num-kv-heads ({num_kv_heads})"
@@ -41,7 +63,7 @@ def demo(
         report = run_demo(
             tokens=tokens,
             page_size=page_size,
-            max_pages=max_pages,
+            max_pages=num_pages,
             sliding_window=sliding_window or None,
             num_sink_tokens=sinks,
             num_heads=num_heads,
@@ -54,7 +76,7 @@ def demo(
     table = Table(
         title=f"pagedattn demo: {tokens} tokens, page_size {page_size}", show_header=False
     )
-    table.add_row("pages resident (max / limit)", f"{report.max_pages_resident} / {max_pages}")
+    table.add_row("pages resident (max / limit)", f"{report.max_pages_resident} / {num_pages}")
     table.add_row("pages resident (end)", str(report.final_pages_resident))
     table.add_row("pages evicted", str(report.pages_evicted))
     table.add_row("evictions by reason", ", ".join(f"{k}={v}" for k, v in report.evictions.items()))

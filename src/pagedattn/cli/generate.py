@@ -38,8 +38,12 @@ def _write(text: str) -> None:
 
 @app.command("generate")
 def generate(
-    prompt: Annotated[str, typer.Argument(help="The user message (or plain text with --raw).")],
-    raw: Annotated[bool, typer.Option("--raw", help="Plain completion: no chat template.")] = False,
+    prompt: Annotated[
+        str, typer.Argument(metavar="PROMPT", help="The user message (or plain text with --raw).")
+    ],
+    raw: Annotated[
+        bool, typer.Option("--raw", metavar="", help="Plain completion: no chat template.")
+    ] = False,
     system: SystemOption = None,
     max_tokens: MaxTokensOption = 128,
     temperature: TemperatureOption = 0.0,
@@ -94,12 +98,14 @@ def generate(
             messages.append({"role": "user", "content": prompt})
             ids = tokenizer.encode_chat(messages)
 
-        from pagedattn.cli.stream import format_stats, stream_request
+        from pagedattn.cli.stream import format_stats, stream_request, warm_up
 
+        warmup_s = warm_up(engine, ids[0]) if stats and ids else None
         try:
             result = stream_request(engine, ids, params, _write)
         finally:
             engine.close()  # the queued kv-store writes land before the process exits
+        result.warmup_s = warmup_s
         _write("\n")
         if result.error:
             raise ValueError(result.error)

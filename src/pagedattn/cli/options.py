@@ -1,13 +1,18 @@
-"""Options shared by `pagedattn generate` and `pagedattn chat`, declared once.
+"""Options shared by `pagedattn generate`, `chat`, `serve` (and `demo`), declared once.
 
 Each option is an ``Annotated`` type a command uses as a parameter annotation; the builders
-turn the parsed values into an engine and sampling parameters. Values are validated by the
+turn the parsed values into an engine and sampling parameters. Names follow the option table
+of the design notes (``--sliding-window 0`` = no window everywhere, ``--sinks``,
+``--position-mode``, ``--num-pages`` over ``--kv-cache-mib``...). Values are validated by the
 configs themselves (``CacheConfig``, ``SamplingParams``) so that a bad value gives the same
-one-line message from every entry point; :func:`cli_errors` prints it and exits 1.
+one-line message from every entry point; :func:`cli_errors` prints it with the config field
+replaced by its flag (``CacheConfig.page_size`` -> ``--page-size``) and exits 1. Help shows
+placeholders such as ``N`` or ``PATH`` (flags none), not typer's ``<int>``.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,17 +33,30 @@ ModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
+        metavar="PATH",
         help="A .gguf file or a Hugging Face folder; default: the embedded SmolLM2-135M-Instruct.",
         rich_help_panel=ENGINE,
     ),
 ]
-PageSizeOption = Annotated[int, typer.Option(help="Tokens per KV page.", rich_help_panel=ENGINE)]
+PageSizeOption = Annotated[
+    int, typer.Option(metavar="N", help="Tokens per KV page.", rich_help_panel=ENGINE)
+]
 KvCacheMibOption = Annotated[
-    float, typer.Option(help="KV cache budget in MiB (float32 K and V).", rich_help_panel=ENGINE)
+    float,
+    typer.Option(
+        metavar="MIB", help="KV cache budget in MiB (float32 K and V).", rich_help_panel=ENGINE
+    ),
+]
+NumPagesOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N", help="Pages in the KV pool (wins over --kv-cache-mib).", rich_help_panel=ENGINE
+    ),
 ]
 SlidingWindowOption = Annotated[
     int,
     typer.Option(
+        metavar="W",
         help="Attend to the last W tokens only and free older pages; 0 = full attention.",
         rich_help_panel=ENGINE,
     ),
@@ -47,6 +65,7 @@ SinksOption = Annotated[
     int,
     typer.Option(
         "--sinks",
+        metavar="S",
         help="Attention-sink tokens kept visible besides the window (needs --sliding-window).",
         rich_help_panel=ENGINE,
     ),
@@ -54,6 +73,7 @@ SinksOption = Annotated[
 PositionModeOption = Annotated[
     str,
     typer.Option(
+        metavar="absolute|shifted",
         help="'absolute' (keys keep their positions) or 'shifted' (positions inside the cache; "
         "needs --sliding-window).",
         rich_help_panel=ENGINE,
@@ -63,6 +83,7 @@ PrefixCachingOption = Annotated[
     bool,
     typer.Option(
         "--prefix-caching/--no-prefix-caching",
+        metavar="",
         help="Reuse cached KV pages of a matching prompt prefix.",
         rich_help_panel=ENGINE,
     ),
@@ -79,35 +100,52 @@ KvStoreOption = Annotated[
 
 # ---- sampling --------------------------------------------------------------------------------
 MaxTokensOption = Annotated[
-    int, typer.Option(help="Most tokens to generate.", rich_help_panel=SAMPLING)
+    int, typer.Option(metavar="N", help="Most tokens to generate.", rich_help_panel=SAMPLING)
 ]
 TemperatureOption = Annotated[
     float,
-    typer.Option(help="0 = greedy (reproducible); > 0 samples.", rich_help_panel=SAMPLING),
+    typer.Option(
+        metavar="T", help="0 = greedy (reproducible); > 0 samples.", rich_help_panel=SAMPLING
+    ),
 ]
 TopPOption = Annotated[
-    float, typer.Option(help="Nucleus sampling mass in (0, 1].", rich_help_panel=SAMPLING)
+    float,
+    typer.Option(metavar="P", help="Nucleus sampling mass in (0, 1].", rich_help_panel=SAMPLING),
 ]
 TopKOption = Annotated[
-    int, typer.Option(help="Keep the k most likely tokens; 0 = off.", rich_help_panel=SAMPLING)
+    int,
+    typer.Option(
+        metavar="K", help="Keep the k most likely tokens; 0 = off.", rich_help_panel=SAMPLING
+    ),
 ]
 SeedOption = Annotated[
     int | None,
-    typer.Option(help="Random seed for sampling (temperature > 0).", rich_help_panel=SAMPLING),
+    typer.Option(
+        metavar="N",
+        help="Random seed for sampling (temperature > 0).",
+        rich_help_panel=SAMPLING,
+    ),
 ]
 IgnoreEosOption = Annotated[
     bool,
     typer.Option(
-        "--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=SAMPLING
+        "--ignore-eos",
+        metavar="",
+        help="Keep generating past end-of-sequence.",
+        rich_help_panel=SAMPLING,
     ),
 ]
-SystemOption = Annotated[str | None, typer.Option(help="System message for the chat template.")]
+SystemOption = Annotated[
+    str | None, typer.Option(metavar="TEXT", help="System message for the chat template.")
+]
 StatsOption = Annotated[
     bool,
     typer.Option(
         "--stats",
+        metavar="",
         help="Print prefill/decode tok/s, time to first token, peak pages and cached prompt "
-        "tokens to stderr after each answer.",
+        "tokens to stderr after each answer; a warm-up request first loads or compiles the "
+        "kernels, timed apart, so the figures are steady-state.",
     ),
 ]
 
@@ -138,13 +176,11 @@ def build_engine(
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
 
-    if sliding_window < 0:
-        raise ValueError(f"--sliding-window: expected an int >= 0 (0 = off), got {sliding_window}")
     config = engine_config(
         model,
         page_size=page_size,
         kv_cache_mib=kv_cache_mib,
-        sliding_window=sliding_window or None,
+        sliding_window=window_or_none(sliding_window),
         num_sink_tokens=sinks,
         position_mode=position_mode,
         enable_prefix_caching=prefix_caching,
@@ -179,14 +215,59 @@ def build_sampling_params(
     )
 
 
+def window_or_none(sliding_window: int) -> int | None:
+    """``--sliding-window`` as the configs take it: 0 = None (no window).
+
+    Raises:
+        ValueError: a negative value, naming the flag.
+    """
+    if sliding_window < 0:
+        raise ValueError(f"--sliding-window: expected an int >= 0 (0 = off), got {sliding_window}")
+    return sliding_window or None
+
+
+# config field -> the flag that sets it (messages name what the user typed)
+FLAGS = {
+    "page_size": "--page-size",
+    "num_pages": "--num-pages",
+    "kv_cache_mib": "--kv-cache-mib",
+    "sliding_window": "--sliding-window",
+    "num_sink_tokens": "--sinks",
+    "position_mode": "--position-mode",
+    "enable_prefix_caching": "--prefix-caching",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "seed": "--seed",
+    "model": "--model",
+    "max_tokens": "--max-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+}
+_CONFIG_FIELD = re.compile(r"\b(?:CacheConfig|SchedulerConfig|EngineConfig)\.(\w+)")
+_LEADING_FIELD = re.compile(r"^(\w+):")
+
+
+def flag_message(message: str) -> str:
+    """``message`` with config field names replaced by their flags: ``CacheConfig.page_size``
+    -> ``--page-size``, a leading ``temperature:`` -> ``--temperature:``; values that the
+    configs spell differently are noted (``sliding_window ... None`` means 0)."""
+    message = _CONFIG_FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(0)), message)
+    message = _LEADING_FIELD.sub(lambda m: f"{FLAGS.get(m.group(1), m.group(1))}:", message)
+    return message.replace("needs sliding_window (got None)", "needs --sliding-window > 0")
+
+
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Turn expected failures (bad values, missing model files) into one line on stderr and
-    exit code 1, without a traceback. Ctrl-C exits 130."""
+    """Turn expected failures (bad values, missing model files) into one line on stderr (config
+    fields named by their flags, see :func:`flag_message`) and exit code 1, without a
+    traceback. Ctrl-C exits 130."""
     try:
         yield
     except (ValueError, FileNotFoundError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = flag_message(message)
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise typer.Exit(code=1) from None
     except KeyboardInterrupt:

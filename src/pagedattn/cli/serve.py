@@ -7,64 +7,119 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import app
+from pagedattn.cli.options import (
+    ENGINE,
+    KvCacheMibOption,
+    KvStoreOption,
+    ModelOption,
+    NumPagesOption,
+    PageSizeOption,
+    PositionModeOption,
+    PrefixCachingOption,
+    SinksOption,
+    SlidingWindowOption,
+    flag_message,
+    window_or_none,
+)
+
+SERVER = "Server"
 
 
 @app.command("serve")
 def serve(
-    model: Annotated[
-        str | None, typer.Option(help="GGUF file or HF folder; default: the embedded SmolLM2.")
-    ] = None,
+    model: ModelOption = None,
     served_model_name: Annotated[
-        str | None, typer.Option(help="Name clients pass as `model`; default: the file name.")
-    ] = None,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="PAGEDATTN_API_KEY", help="Require `Authorization: Bearer KEY`."),
-    ] = None,
-    page_size: Annotated[int, typer.Option(min=1, help="Tokens per KV page.")] = 16,
-    num_pages: Annotated[
-        int | None, typer.Option(min=1, help="Pages in the KV pool (overrides --kv-cache-mib).")
-    ] = None,
-    kv_cache_mib: Annotated[
-        float | None, typer.Option(min=0.001, help="KV memory budget in MiB (default 256).")
-    ] = None,
-    sliding_window: Annotated[
-        int | None, typer.Option(min=1, help="Sliding window W in tokens; default: none.")
-    ] = None,
-    sinks: Annotated[int, typer.Option(min=0, help="Sink tokens kept with a window.")] = 0,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 64,
-    max_num_batched_tokens: Annotated[
-        int, typer.Option(min=1, help="Token budget of one step.")
-    ] = 2048,
-    max_model_len: Annotated[
-        int | None, typer.Option(min=1, help="Most tokens per request; default: model context.")
-    ] = None,
-    prefix_caching: Annotated[bool, typer.Option(help="Reuse cached prompt pages.")] = True,
-    kv_store: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
-            help="Persistent KV tier shared by servers: a directory or redis://HOST:PORT/DB."
+            metavar="NAME",
+            help="Name clients pass as `model`; repeat for several names; default: the file name.",
+            rich_help_panel=SERVER,
         ),
     ] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            metavar="ADDR", help="Address to bind (loopback by default).", rich_help_panel=SERVER
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(min=0, max=65535, metavar="PORT", help="TCP port.", rich_help_panel=SERVER),
+    ] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PAGEDATTN_API_KEY",
+            metavar="KEY",
+            help="Require `Authorization: Bearer KEY`.",
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
+    page_size: PageSizeOption = 16,
+    num_pages: NumPagesOption = None,
+    kv_cache_mib: KvCacheMibOption = 256.0,
+    sliding_window: SlidingWindowOption = 0,
+    sinks: SinksOption = 0,
+    position_mode: PositionModeOption = "absolute",
+    prefix_caching: PrefixCachingOption = True,
+    max_num_seqs: Annotated[
+        int,
+        typer.Option(metavar="N", help="Most sequences per step.", rich_help_panel=ENGINE),
+    ] = 64,
+    max_num_batched_tokens: Annotated[
+        int,
+        typer.Option(metavar="N", help="Token budget of one step.", rich_help_panel=ENGINE),
+    ] = 2048,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Most tokens per request; default: the model context.",
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
+    kv_store: KvStoreOption = None,
     default_max_tokens: Annotated[
-        int, typer.Option(min=1, help="Cap on a chat request's default max_tokens.")
+        int,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Cap on a chat request's default max_tokens.",
+            rich_help_panel=SERVER,
+        ),
     ] = 1024,
-    seed: Annotated[int, typer.Option(min=0, help="Engine seed for unseeded requests.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            metavar="N", help="Engine seed for unseeded requests.", rich_help_panel=ENGINE
+        ),
+    ] = 0,
     long_prefill_token_threshold: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Prefill chunk: most prompt tokens one request computes per step."
+            min=1,
+            metavar="N",
+            help="Prefill chunk: most prompt tokens one request computes per step.",
+            rich_help_panel=ENGINE,
         ),
     ] = None,
     health_stall_s: Annotated[
         float,
-        typer.Option(min=0.001, help="/health is a 503 after this long without progress."),
+        typer.Option(
+            min=0.001,
+            metavar="SECONDS",
+            help="/health is a 503 after this long without progress.",
+            rich_help_panel=SERVER,
+        ),
     ] = 60.0,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
+    ] = "info",
 ) -> None:
-    """Serve /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics."""
+    """Serve /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+    /tokenizer_info, /version, /health and /metrics.
+
+    Errors in the options print one line to stderr and exit 2."""
     try:
         import uvicorn
 
@@ -86,8 +141,9 @@ def serve(
             page_size=page_size,
             num_pages=num_pages,
             kv_cache_mib=kv_cache_mib,
-            sliding_window=sliding_window,
+            sliding_window=window_or_none(sliding_window),
             num_sink_tokens=sinks,
+            position_mode=position_mode,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
@@ -97,6 +153,6 @@ def serve(
             seed=seed,
         )
     except (FileNotFoundError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
         raise typer.Exit(code=2) from exc
     uvicorn.run(server_app, host=host, port=port, log_level=log_level)

@@ -50,6 +50,8 @@ class StreamResult:
         peak_pages: most KV pages referenced while a step of this request ran.
         num_pages, page_size: the pool's size and page size.
         num_tier_tokens: prompt tokens restored from the persistent KV tier (None: no tier).
+        warmup_s: seconds of the warm-up request run before this one (see :func:`warm_up`),
+            None when there was none.
     """
 
     prompt_token_ids: list[int]
@@ -65,6 +67,7 @@ class StreamResult:
     num_pages: int = 0
     page_size: int = 0
     num_tier_tokens: int | None = None
+    warmup_s: float | None = None
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -80,6 +83,29 @@ class StreamResult:
         if len(self.token_ids) < 2 or not self.decode_s or self.decode_s <= 0:
             return None
         return (len(self.token_ids) - 1) / self.decode_s
+
+
+def warm_up(engine: LLMEngine, token_id: int) -> float:
+    """Run a throwaway request (a one-token prompt, two greedy tokens: one prefill and one
+    decode step) so that the first real request's timings do not include the one-time Numba
+    kernel compilation or cache load.
+
+    The prompt is shorter than a page, so nothing enters the prefix cache; the request is
+    seeded, so the engine's random generator is not advanced.
+
+    Returns:
+        The warm-up's wall time in seconds.
+    """
+    import time
+
+    from pagedattn.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
+    start = time.perf_counter()
+    engine.add_request([int(token_id)], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return time.perf_counter() - start
 
 
 def stream_request(
@@ -153,7 +179,13 @@ def format_stats(result: StreamResult) -> str:
         return "n/a" if value is None else f"{value:.3f} s"
 
     computed = len(result.prompt_token_ids) - result.num_cached_tokens
-    lines = [
+    lines = []
+    if result.warmup_s is not None:
+        lines.append(
+            f"warm-up: {secs(result.warmup_s)} (kernel compile or cache load, timed apart; "
+            "not in the figures below)"
+        )
+    lines += [
         f"prefill: {rate(result.prefill_tok_s)} ({computed} prompt tokens computed "
         f"in {secs(result.prefill_s)})",
         f"decode: {rate(result.decode_tok_s)} ({len(result.token_ids)} tokens generated)",

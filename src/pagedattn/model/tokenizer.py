@@ -107,27 +107,48 @@ class Tokenizer:
         return None if token is None else str(token)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        **kwargs: Any,
     ) -> str:
         """Render a conversation to prompt text, as HF ``apply_chat_template(tokenize=False)``.
 
+        Args:
+            messages: the conversation (dicts with ``role`` and ``content``).
+            add_generation_prompt, continue_final_message: see
+                :func:`pagedattn.model.chat_template.render_chat_template`.
+            chat_template: a template to use instead of the model's.
+            **kwargs: extra template variables (HF ``chat_template_kwargs``, e.g. ``tools``).
+
         Raises:
-            ValueError: the model has no chat template, or rendering failed.
+            ValueError: no chat template (the model has none and none is given), or rendering
+                failed.
         """
-        if not self.chat_template:
+        source = chat_template if chat_template is not None else self.chat_template
+        if not source:
             raise ValueError("this tokenizer has no chat template")
         return render_chat_template(
-            self.chat_template,
+            source,
             messages,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             special_tokens=self.special_tokens,
+            **kwargs,
         )
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
     ) -> list[int]:
-        """Token ids of the rendered conversation (the template writes its own special tokens)."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        """Token ids of the rendered conversation (the template writes its own special tokens);
+        ``kwargs`` as :meth:`apply_chat_template`."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         return self.encode(text, add_special_tokens=False)
 
     @classmethod

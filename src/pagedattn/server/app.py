@@ -2,14 +2,16 @@
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
 server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``GET /health`` and
-``GET /metrics``. With an API key every route but ``/health`` needs
-``Authorization: Bearer <key>`` (401 with an OpenAI error body otherwise).
+``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
+and ``GET /version`` (:mod:`pagedattn.server.tokenize`). With an API key every route but
+``/health`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an OpenAI error
+body otherwise).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +25,7 @@ from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
 from pagedattn.server.metrics import ServerMetrics
 from pagedattn.server.serving import OpenAIServing
+from pagedattn.server.tokenize import add_tokenizer_routes, package_version
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": p.ErrorResponse},
@@ -36,7 +39,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 def create_app(
     engine: LLMEngine,
     *,
-    model_name: str,
+    model_name: str | Sequence[str],
     api_key: str | None = None,
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
@@ -47,7 +50,8 @@ def create_app(
 
     Args:
         engine: the engine to serve; from now on only the engine thread may touch it.
-        model_name: the name clients pass as ``model`` (and ``/v1/models`` lists).
+        model_name: the name clients pass as ``model`` (and ``/v1/models`` lists), or several
+            names for the one model (the first one labels the metrics).
         api_key: when set, the Bearer token every route but ``/health`` requires.
         default_max_tokens: cap on the chat default ``max_tokens`` (see
             :mod:`pagedattn.server.serving`).
@@ -58,9 +62,12 @@ def create_app(
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
         the metrics registry.
     """
-    metrics = ServerMetrics(lambda: async_engine.stats, model_name)
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"model_name: expected one or more non-empty names, got {model_name!r}")
+    metrics = ServerMetrics(lambda: async_engine.stats, names[0])
     async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
-    serving = OpenAIServing(async_engine, model_name, default_max_tokens)
+    serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +92,7 @@ def create_app(
                 code="invalid_api_key",
             )
 
-    app = FastAPI(title="pagedattn", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="pagedattn", version=package_version(), lifespan=lifespan)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -108,9 +115,13 @@ def create_app(
 
     @app.get("/v1/models", dependencies=auth, response_model=p.ModelList, responses=_ERRORS)
     async def list_models() -> p.ModelList:
-        """The one served model."""
-        card = p.ModelCard(id=model_name, created=p.now_s(), max_model_len=serving.max_model_len)
-        return p.ModelList(data=[card])
+        """The served model, once per name."""
+        created = p.now_s()
+        cards = [
+            p.ModelCard(id=name, created=created, max_model_len=serving.max_model_len)
+            for name in serving.model_names
+        ]
+        return p.ModelList(data=cards)
 
     @app.post("/v1/completions", dependencies=auth, response_model=p.Completion, responses=_ERRORS)
     async def completions(
@@ -131,13 +142,14 @@ def create_app(
         """OpenAI chat completions (the model's chat template renders the conversation)."""
         return await serving.respond(raw, request)
 
+    add_tokenizer_routes(app, serving, auth, _ERRORS)
     return app
 
 
 def build_app(
     model: str | None = None,
     *,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
@@ -147,8 +159,8 @@ def build_app(
 
     Args:
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
-        served_model_name: the name clients use; None = the file or folder name without
-            extension (the embedded model: ``SmolLM2-135M-Instruct``).
+        served_model_name: the name (or names) clients use; None or empty = the file or folder
+            name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
         api_key, default_max_tokens, health_stall_s: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
@@ -160,7 +172,7 @@ def build_app(
     from pagedattn.engine.llm import engine_config
 
     engine = LLMEngine.from_config(engine_config(model, **engine_options))
-    if served_model_name is None:
+    if not served_model_name:
         served_model_name = (
             "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
         )

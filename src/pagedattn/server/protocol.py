@@ -2,9 +2,11 @@
 
 Field names and meanings follow the OpenAI API reference for ``/v1/completions`` and
 ``/v1/chat/completions`` (and vLLM's ``entrypoints/openai/protocol.py`` for the extensions
-``top_k`` and ``ignore_eos``). Unknown request fields are ignored, as OpenAI does; a field of the
-wrong type is a 400 (see :mod:`pagedattn.server.errors`). Ranges (temperature >= 0, top_p in
-(0, 1], ...) are checked once, by :class:`pagedattn.sampling_params.SamplingParams`.
+``top_k``, ``ignore_eos``, ``guided_*``, ``chat_template``...). A field of the wrong type is a
+400 (see :mod:`pagedattn.server.errors`); an unknown top-level field is kept in ``model_extra``
+and refused with a 400 naming it (:mod:`pagedattn.server.request_fields`), as OpenAI does.
+Ranges (temperature >= 0, top_p in (0, 1], ...) are checked once, by
+:class:`pagedattn.sampling_params.SamplingParams`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,24 @@ def now_s() -> int:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
+
+
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: ``schema`` is the JSON schema the output must match."""
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object)
+    or ``json_schema`` (the given schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(_Request):
@@ -68,6 +87,20 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured output (server/structured.py): OpenAI's, then vLLM's guided decoding fields
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
+    # informational: accepted, never change the output
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -78,6 +111,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
+    suffix: str | None = None
 
 
 class TextPart(_Request):
@@ -88,7 +122,8 @@ class TextPart(_Request):
 
 
 class ChatMessage(_Request):
-    """One message; content as a string or a list of text parts (joined)."""
+    """One message; content as a string or a list of text parts (joined). Other fields
+    (``tool_calls``, ``tool_call_id``...) reach the chat template as they are."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -111,6 +146,18 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+    # chat template (vLLM's extensions; server/chat_prompt.py)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # tools: only tool_choice "none" is served (tools then reach the template as ``tools``)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
 
 
 # ---- responses ---------------------------------------------------------------------------------

@@ -16,13 +16,17 @@ Request rules (each violation is a 400 with an OpenAI error body, before the eng
   request's K/V at its largest must fit the whole page pool (code ``cache_capacity_exceeded``).
 - sampling values out of range (temperature < 0, top_p outside (0, 1], negative seed, empty
   stop string...) are refused by :class:`SamplingParams`, whose message names the field.
+- unknown fields and fields that would change the output but are not served are refused
+  (:mod:`pagedattn.server.request_fields`); chat template fields:
+  :mod:`pagedattn.server.chat_prompt`; structured output: :mod:`pagedattn.server.structured`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +39,13 @@ from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import REJECTIONS, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
+from pagedattn.server.chat_prompt import chat_prompt_ids
 from pagedattn.server.engine_loop import AsyncEngine, EngineDeadError
 from pagedattn.server.errors import APIError, error_body, value_error
+from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.responses import chat_response, completion_response
 from pagedattn.server.sse import failure_of, sse_events
+from pagedattn.server.structured import StructuredOutput
 
 DISCONNECT_POLL_S = 0.25
 MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
@@ -68,24 +75,35 @@ class OpenAIServing:
         model_name: the served model name (requests naming another model get a 404).
         default_max_tokens: cap on the chat default ``max_tokens`` when the context is unbounded
             or longer.
+        aliases: more names clients may pass as ``model`` (``--served-model-name`` repeated);
+            a response names the model as the request did.
     """
 
     def __init__(
-        self, async_engine: AsyncEngine, model_name: str, default_max_tokens: int = 1024
+        self,
+        async_engine: AsyncEngine,
+        model_name: str,
+        default_max_tokens: int = 1024,
+        aliases: Sequence[str] = (),
     ) -> None:
         self.async_engine = async_engine
         self.engine: LLMEngine = async_engine.engine
         self.model_name = model_name
+        self.model_names: tuple[str, ...] = (model_name, *(a for a in aliases if a != model_name))
+        self.structured = StructuredOutput(
+            self.engine.tokenizer, self.engine.model_config.vocab_size
+        )
         self.default_max_tokens = default_max_tokens
         self.max_model_len: int | None = self.engine.scheduler.max_model_len
 
     # ---- validation ------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         """Raises APIError 404 when ``model`` names another model (None = the served one)."""
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
+            names = ", ".join(f"'{n}'" for n in self.model_names)
             raise APIError(
                 404,
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
+                f"The model '{model}' does not exist; this server serves {names}.",
                 param="model",
                 code="model_not_found",
             )
@@ -152,6 +170,7 @@ class OpenAIServing:
 
     def _check_common(self, req: p.SamplingFields) -> None:
         self.check_model(req.model)
+        check_request_fields(req)  # type: ignore[arg-type]
         best_of = getattr(req, "best_of", None)
         for name, value in (("n", req.n), ("best_of", best_of)):
             if value is not None and not 1 <= value <= MAX_CHOICES:
@@ -229,14 +248,7 @@ class OpenAIServing:
                 400, f"top_logprobs: expected 0..20, got {req.top_logprobs}", param="top_logprobs"
             )
         num_top = (req.top_logprobs or 0) if req.logprobs else None
-        tokenizer = self.engine.tokenizer
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            ids = [int(t) for t in tokenizer.encode_chat(messages)]
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
-        if not ids:
-            raise APIError(400, "messages: the rendered prompt is empty", param="messages")
+        ids = chat_prompt_ids(req, self.engine.tokenizer)
         max_tokens = self.resolve_max_tokens(req, len(ids), self.default_max_tokens)
         return Prepared(ids, self._params(req, max_tokens, logprobs=num_top), None, num_top)
 
@@ -248,14 +260,23 @@ class OpenAIServing:
         arrival_time = time.monotonic()  # TTFT and e2e latency include all queueing
         chat = isinstance(req, p.ChatCompletionRequest)
         prepare: Any = self.prepare_chat if chat else self.prepare_completion
-        # tokenising and template rendering of a long prompt must not block the event loop
+        # tokenising, template rendering and grammar compilation of a long prompt must not
+        # block the event loop
         try:
             prepared: Prepared = await run_in_threadpool(prepare, req)
+            processors = await run_in_threadpool(self.structured.processors, req)
         except APIError as exc:
             metrics = self.async_engine.metrics
             if exc.code in REJECTIONS and metrics is not None:
                 metrics.count_rejection(exc.code)
             raise
+        if processors:
+            params = prepared.params
+            params = dataclasses.replace(
+                params, logits_processors=(*params.logits_processors, *processors)
+            )
+            prepared = dataclasses.replace(prepared, params=params)
+        model_name = req.model or self.model_name
         self.async_engine.start()
         if not self.async_engine.is_running:
             raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
@@ -266,7 +287,7 @@ class OpenAIServing:
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             body = sse_events(
-                outputs, request_id, self.model_name, chat, usage, prepared, self.token_text
+                outputs, request_id, model_name, chat, usage, prepared, self.token_text
             )
             return StreamingResponse(body, media_type="text/event-stream")
         try:
@@ -277,7 +298,7 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_failure(final)
         build = chat_response if chat else completion_response
-        response = build(final, request_id, self.model_name, prepared, self.token_text)
+        response = build(final, request_id, model_name, prepared, self.token_text)
         return JSONResponse(p.dump(response))
 
     def token_text(self, token_id: int) -> str:

@@ -1,0 +1,136 @@
+"""Structured output for the HTTP routes: request fields -> a guided-decoding logits processor.
+
+Fields (at most one per request; two is a 400):
+
+- OpenAI ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``
+  (any JSON object), ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``.
+- vLLM ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list
+  of strings), ``guided_grammar`` (a Lark grammar, llguidance's dialect).
+
+JSON is laid out as ``{"a": 1, "b": [1, 2]}`` with no other whitespace unless
+``guided_whitespace_pattern`` (a regex, JSON kinds only) says what whitespace may appear
+between tokens; ``guided_decoding_backend`` may only name this server's backend
+(``guidance``/``llguidance``/``auto``). Masks come from llguidance (see
+:mod:`pagedattn.engine.guided`); a schema, regex or grammar it cannot compile is a 400 naming
+the field.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pagedattn.engine.guided import GrammarCompiler, GuidedSpec
+from pagedattn.sampling_params import LogitsProcessor
+from pagedattn.server import protocol as p
+from pagedattn.server.errors import APIError
+
+BACKENDS = (None, "auto", "guidance", "llguidance")
+
+
+def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
+    """The request's structured-output constraint, or None.
+
+    Raises:
+        APIError: 400 when two constraints are given, a ``json_schema`` format has no schema,
+            or an unsupported option is set.
+    """
+    if req.guided_decoding_backend not in BACKENDS:
+        raise APIError(
+            400,
+            f"guided_decoding_backend: this server uses llguidance; got "
+            f"{req.guided_decoding_backend!r}",
+            param="guided_decoding_backend",
+        )
+    specs: list[GuidedSpec] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        specs.append(GuidedSpec("json_object", None, "response_format"))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise APIError(
+                400,
+                "response_format: type 'json_schema' needs json_schema.schema",
+                param="response_format",
+            )
+        specs.append(GuidedSpec("json", fmt.json_schema.json_schema, "response_format"))
+    if req.guided_json is not None:
+        specs.append(GuidedSpec("json", req.guided_json, "guided_json"))
+    if req.guided_regex is not None:
+        specs.append(GuidedSpec("regex", req.guided_regex, "guided_regex"))
+    if req.guided_choice is not None:
+        specs.append(GuidedSpec("choice", req.guided_choice, "guided_choice"))
+    if req.guided_grammar is not None:
+        specs.append(GuidedSpec("grammar", req.guided_grammar, "guided_grammar"))
+    if len(specs) > 1:
+        names = ", ".join(s.field for s in specs)
+        raise APIError(
+            400,
+            f"{specs[1].field}: only one structured output constraint per request, got {names}",
+            param=specs[1].field,
+        )
+    if not specs:
+        if req.guided_whitespace_pattern is not None:
+            raise APIError(
+                400,
+                "guided_whitespace_pattern: needs a JSON constraint",
+                param="guided_whitespace_pattern",
+            )
+        return None
+    spec = specs[0]
+    if req.guided_whitespace_pattern is None:
+        return spec
+    if spec.kind not in ("json", "json_object"):
+        raise APIError(
+            400,
+            f"guided_whitespace_pattern: only applies to JSON output, not {spec.field}",
+            param="guided_whitespace_pattern",
+        )
+    return GuidedSpec(spec.kind, spec.value, spec.field, req.guided_whitespace_pattern)
+
+
+class StructuredOutput:
+    """Builds per-request guided-decoding processors for one engine's tokenizer.
+
+    Args:
+        tokenizer: the engine's tokenizer (None: every constrained request is a 400).
+        vocab_size: the model's logits width.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def compiler(self, field: str) -> GrammarCompiler:
+        """The grammar compiler (created on first use). Raises APIError 400 without one."""
+        with self._lock:
+            if self._compiler is None:
+                if self.tokenizer is None:
+                    raise APIError(400, f"{field}: needs a model with a tokenizer", param=field)
+                try:
+                    self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
+                except ImportError as exc:
+                    raise APIError(
+                        400,
+                        f"{field}: structured output needs llguidance "
+                        "(pip install 'pagedattn[server]')",
+                        param=field,
+                    ) from exc
+            return self._compiler
+
+    def processors(self, req: p.SamplingFields) -> tuple[LogitsProcessor, ...]:
+        """The logits processors the request needs (empty without a constraint). Blocking
+        (grammar compilation; the first call also builds the token trie, about 1-2 s).
+
+        Raises:
+            APIError: 400 from :func:`guided_spec`, or a constraint that does not compile.
+        """
+        spec = guided_spec(req)
+        if spec is None:
+            return ()
+        try:
+            return (self.compiler(spec.field).processor(spec),)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=spec.field) from exc

@@ -1,0 +1,154 @@
+"""vLLM's tokenizer routes: ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``,
+and ``GET /version``.
+
+Request and response shapes follow vLLM's ``entrypoints/openai/protocol.py``:
+
+- ``/tokenize`` with ``prompt`` (``add_special_tokens`` default true) or with ``messages``
+  (rendered by the chat template like a chat request: ``add_generation_prompt``,
+  ``continue_final_message``, ``chat_template``, ``chat_template_kwargs``, ``tools``;
+  ``add_special_tokens`` default false) -> ``{"count", "max_model_len", "tokens",
+  "token_strs"}`` (``token_strs``: the vocabulary spelling of each id, when
+  ``return_token_strs``).
+- ``/detokenize`` with ``tokens`` -> ``{"prompt"}`` (special tokens kept, as vLLM).
+- ``/tokenizer_info`` -> ``tokenizer_class``, the special tokens (``bos_token``,
+  ``eos_token``...), ``chat_template``, ``vocab_size``, ``model_max_length`` (what
+  lm-evaluation-harness's remote tokenizer reads).
+- ``/version`` -> ``{"version"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from pagedattn.server import protocol as p
+from pagedattn.server.chat_prompt import template_options
+from pagedattn.server.errors import APIError
+from pagedattn.server.serving import OpenAIServing
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenizeCompletionRequest(_Strict):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Strict):
+    model: str | None = None
+    messages: list[p.ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
+
+
+def package_version() -> str:
+    """The installed pagedattn version (``0+unknown`` when run from a bare source tree)."""
+    try:
+        return version("pagedattn")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def add_tokenizer_routes(
+    app: FastAPI, serving: OpenAIServing, auth: Sequence[Any], errors: dict[int | str, Any]
+) -> None:
+    """Register the routes of this module on ``app`` (``auth``: the route dependencies)."""
+    deps = list(auth)
+
+    def tokenizer() -> Any:
+        tok = serving.engine.tokenizer
+        if tok is None:
+            raise APIError(400, "this model has no tokenizer")
+        return tok
+
+    @app.post("/tokenize", dependencies=deps, response_model=TokenizeResponse, responses=errors)
+    async def tokenize(
+        request: TokenizeCompletionRequest | TokenizeChatRequest,
+    ) -> TokenizeResponse:
+        """Token ids of a prompt, or of a conversation rendered by the chat template."""
+        serving.check_model(request.model)
+        tok = tokenizer()
+        if isinstance(request, TokenizeChatRequest):
+            options = template_options(
+                request.add_generation_prompt,
+                request.continue_final_message,
+                request.chat_template,
+                request.chat_template_kwargs,
+                request.tools,
+            )
+            messages = [
+                {**(m.model_extra or {}), "role": m.role, "content": m.text()}
+                for m in request.messages
+            ]
+            try:
+                text = tok.apply_chat_template(messages, **options)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="messages") from exc
+        else:
+            text = request.prompt
+        ids = [int(t) for t in tok.encode(text, add_special_tokens=request.add_special_tokens)]
+        strs = [tok.id_to_token(i) or "" for i in ids] if request.return_token_strs else None
+        return TokenizeResponse(
+            count=len(ids), max_model_len=serving.max_model_len, tokens=ids, token_strs=strs
+        )
+
+    @app.post("/detokenize", dependencies=deps, response_model=DetokenizeResponse, responses=errors)
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        """Text of token ids (ids outside the vocabulary are a 400)."""
+        serving.check_model(request.model)
+        try:
+            return DetokenizeResponse(prompt=tokenizer().decode(request.tokens))
+        except ValueError as exc:
+            raise APIError(400, f"tokens: {exc}", param="tokens") from exc
+
+    @app.get("/tokenizer_info", dependencies=deps, responses=errors)
+    async def tokenizer_info() -> dict[str, Any]:
+        """The tokenizer's configuration: class, special tokens, chat template, sizes."""
+        tok = tokenizer()
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **{k: v for k, v in tok.special_tokens.items()},
+            "eos_token_id": tok.eos_token_id,
+            "bos_token_id": tok.bos_token_id,
+            "chat_template": tok.chat_template,
+            "vocab_size": tok.vocab_size,
+            "model_max_length": serving.max_model_len,
+        }
+
+    @app.get("/version", response_model=VersionResponse)
+    async def get_version() -> VersionResponse:
+        """The server's pagedattn version."""
+        return VersionResponse(version=package_version())
