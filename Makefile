@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: run test lint setup setup-test clean
+.PHONY: run test lint setup setup-test redis clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,14 @@ lint: $(VENV)/.setup-test
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 
-test: lint
+# tests/storage starts private redis-servers on free loopback ports: install it when missing
+# (Debian/Ubuntu; as root, else through sudo).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
+
+test: lint redis
 	$(BIN)/pytest
 
 clean:
