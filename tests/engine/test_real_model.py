@@ -11,7 +11,11 @@ from pagedattn.sampling_params import SamplingParams
 
 @pytest.mark.model
 def test_llm_chat_batch_equals_direct_greedy_decoding() -> None:
-    llm = LLM(page_size=16, num_pages=64, max_num_batched_tokens=24)  # prompts are chunked
+    # prompts are chunked, 24 tokens a step: the first prompt's first page is written before
+    # the second prompt is admitted
+    llm = LLM(
+        page_size=16, num_pages=64, max_num_batched_tokens=24, long_prefill_token_threshold=24
+    )
     tokenizer = llm.engine.tokenizer
     conversations = [
         [{"role": "user", "content": "What is the capital of France?"}],
@@ -23,8 +27,9 @@ def test_llm_chat_batch_equals_direct_greedy_decoding() -> None:
     for conv, result in zip(conversations, results, strict=True):
         prompt = tokenizer.encode_chat(conv)
         assert result.prompt_token_ids == prompt
-        assert result.token_ids == greedy(model, prompt, 6)  # type: ignore[arg-type]
-        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        assert result.finish_reason == "length"
+        assert result.outputs[0].token_ids == greedy(model, prompt, 6)  # type: ignore[arg-type]
+        out = result.outputs[0]
+        assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert result.outputs[0].finish_reason == "length"
     # The shared chat-template prefix is reused from the prefix cache by the second request.
     assert llm.engine.get_stats()["prefix_cache_hits"] > 0
