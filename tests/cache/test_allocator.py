@@ -13,7 +13,11 @@ NS = b"test-namespace"
 
 
 def _register(alloc: PageAllocator, page: int, tokens: list[int]) -> int | None:
-    return alloc.register(page, hash_page_tokens(None, tokens, NS), None, tokens, None)
+    """Register a page and mark its KV written (what a step that succeeded does)."""
+    serial = alloc.register(page, hash_page_tokens(None, tokens, NS), None, tokens, None)
+    if alloc.cached_page(page) is not None:
+        alloc.mark_written(page)
+    return serial
 
 
 def test_free_queue_removes_from_the_middle_in_order() -> None:

@@ -212,39 +212,44 @@ def test_can_append_skips_pages_already_dropped_inside_the_trim_range() -> None:
     m.check_integrity()
 
 
-def test_reserved_pages_enter_the_prefix_index_only_when_committed() -> None:
+def test_a_failed_steps_registered_pages_are_taken_back_when_freed() -> None:
     m = CacheManager(16, 4, NS)
     prompt = list(range(10, 23))  # 13 tokens: three full pages + 1
     m.add_sequence("a", prompt)
-    m.append_slots("a", prompt[:9])  # a step reserved two full pages, then its forward failed
-    assert m.allocator.num_cached_pages == 0
-    assert m.num_written_tokens("a") == 0
-    m.check_integrity()
-    m.add_sequence("b", prompt)
-    assert m.page_table("b") == []  # nothing unwritten is ever served
+    m.append_slots("a", prompt[:9])  # a step reserves two full pages ...
+    assert m.allocator.num_cached_pages == 2  # ... shareable within that step
+    assert not any(m.allocator.is_written(p) for p in m.page_table("a"))
+    m.check_integrity(between_steps=False)
+    with pytest.raises(AssertionError, match="never committed as written"):
+        m.check_integrity()  # between steps a registered page must be written
+    assert m.add_sequence("b", prompt) == 8  # same step: b shares them
     m.free_sequence("b")
-    m.free_sequence("a")
+    m.free_sequence("a")  # ... then the forward failed: a is freed without a commit
     assert m.allocator.num_cached_pages == 0 and m.num_free_pages == 16
-    m.add_sequence("c", prompt)
+    m.check_integrity()
+    assert m.add_sequence("c", prompt) == 0  # nothing unwritten is ever served
     m.append_slots("c", prompt[:9])
     assert m.commit_written("c", 6) == m.page_table("c")[:1]  # one page full of written KV
     assert m.commit_written("c") == m.page_table("c")[1:2]
     m.append_slots("c", prompt[9:])
     assert m.commit_written("c") == m.page_table("c")[2:3]
-    assert m.add_sequence("d", prompt) == 12
+    m.free_sequence("c")
+    assert m.add_sequence("d", prompt) == 12  # committed pages outlive their sequence
     with pytest.raises(ValueError, match="num_tokens"):
-        m.commit_written("c", 3)  # below what is already written
+        m.commit_written("d", 3)  # below what is already written
     m.check_integrity()
 
 
 def test_check_integrity_tells_a_registered_page_from_a_written_one() -> None:
     m = CacheManager(8, 4, NS)
     m.add_sequence("a", list(range(8)))
-    m.append_slots("a", list(range(8)))
+    write(m, "a", list(range(8)))
     m.check_integrity()
-    page = m.page_table("a")[0]
-    # register a reserved, unwritten page behind the manager's back: the poisoned state
-    page_hash = hashing.hash_page_tokens(None, list(range(4)), NS)
-    m.allocator.register(page, page_hash, None, list(range(4)), None)
-    with pytest.raises(AssertionError, match="prefix index but only 0"):
+    page = m.page_table("a")[1]
+    m.allocator.unregister(page)  # re-enter it behind the manager's back, unwritten
+    m.allocator.register(page, hashing.hash_page_tokens(None, [9] * 4, NS), None, [9] * 4, None)
+    with pytest.raises(AssertionError, match="never committed as written"):
         m.check_integrity()
+    m.allocator.release(page)  # a free page in the index that was never written
+    with pytest.raises(AssertionError, match="never written"):
+        m.allocator.check_integrity()

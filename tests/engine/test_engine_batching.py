@@ -98,9 +98,9 @@ def test_identical_prompts_in_one_step_and_shared_prefixes() -> None:
     outs = drain(engine, {0: [(k, p, GREEDY) for k, p in prompts.items()]})
     for key, prompt in prompts.items():
         assert tokens(outs[key]) == solo(MODEL, prompt, GREEDY), key
-    # Pages enter the prefix index only after the forward that wrote them: requests of the
-    # same step share nothing.
-    assert [outs[k][-1].num_cached_tokens for k in "abcd"] == [0, 0, 0, 0]
+    # "a" registers its pages while being scheduled; the others hit them in the same step
+    # (the forward writes every layer's KV before attention reads it).
+    assert [outs[k][-1].num_cached_tokens for k in "abcd"] == [0, 28, 16, 16]
     assert_all_pages_free(engine)
     # One step later "a"'s 7 full pages are written and committed: the others hit them.
     engine = make_engine(MODEL, page_size=4, num_pages=64)

@@ -12,7 +12,11 @@ from pagedattn.sampling_params import SamplingParams
 
 @pytest.mark.model
 def test_llm_chat_batch_equals_direct_greedy_decoding() -> None:
-    llm = LLM(page_size=16, num_pages=64, max_num_batched_tokens=24)  # prompts are chunked
+    # prompts are chunked, 24 tokens a step: the first prompt's first page is written before
+    # the second prompt is admitted
+    llm = LLM(
+        page_size=16, num_pages=64, max_num_batched_tokens=24, long_prefill_token_threshold=24
+    )
     tokenizer = llm.engine.tokenizer
     conversations = [
         [{"role": "user", "content": "What is the capital of France?"}],

@@ -11,6 +11,12 @@ A registered page records its token ids and the registration serial of its paren
 must match both: equal token ids (so a digest collision cannot serve another page's KV) and the
 parent serial of the page hit just before (so a page is only served after the exact page whose
 KV it was computed against).
+
+Registered is not written: a page is registered when a step reserves its slots (so requests
+of the same step can share it: one forward writes every layer's KV before any attention reads
+it) and is marked written (:meth:`PageAllocator.mark_written`) once that forward succeeded; a
+failed step's entries are taken back (:meth:`PageAllocator.unregister`) before its pages are
+released, so a free page in the index always holds written KV.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class PageAllocator:
         self._queue = FreeQueue(num_pages, range(num_pages))
         self._refcount = [0] * num_pages
         self._cached: list[CachedPage | None] = [None] * num_pages
+        self._written = [False] * num_pages  # registered pages whose KV a forward wrote
         self._index: dict[PageHash, int] = {}
         self._num_uncached_free = num_pages
         self._next_serial = 0
@@ -101,6 +108,11 @@ class PageAllocator:
         self._check_page(page_id)
         return self._cached[page_id]
 
+    def is_written(self, page_id: int) -> bool:
+        """True when the page is registered and marked written (see :meth:`mark_written`)."""
+        self._check_page(page_id)
+        return self._written[page_id]
+
     def free_page_ids(self) -> list[int]:
         """Free page ids from the LRU end (allocated next) to the MRU end."""
         return list(self._queue)
@@ -131,6 +143,7 @@ class PageAllocator:
                 )
             del self._index[record.page_hash]
             self._cached[page_id] = None
+            self._written[page_id] = False
             self.num_lru_evictions += 1
         else:
             self._num_uncached_free -= 1
@@ -252,7 +265,33 @@ class PageAllocator:
         self._next_serial += 1
         self._cached[page_id] = CachedPage(page_hash, parent_hash, tokens, serial, parent_serial)
         self._index[page_hash] = page_id
+        self._written[page_id] = False
         return serial
+
+    def mark_written(self, page_id: int) -> None:
+        """The registered page's KV was written by a forward that succeeded.
+
+        Raises:
+            ValueError: the page is not registered.
+        """
+        self._check_page(page_id)
+        if self._cached[page_id] is None:
+            raise ValueError(f"mark_written: page {page_id} is not registered")
+        self._written[page_id] = True
+
+    def unregister(self, page_id: int) -> None:
+        """Take a referenced page's entry out of the prefix index (its KV was never written).
+
+        Raises:
+            ValueError: the page is free or not registered.
+        """
+        self._check_page(page_id)
+        record = self._cached[page_id]
+        if record is None or self._refcount[page_id] == 0:
+            raise ValueError(f"unregister: page {page_id} is free or not registered")
+        del self._index[record.page_hash]
+        self._cached[page_id] = None
+        self._written[page_id] = False
 
     # ---- checks --------------------------------------------------------------------------
 
@@ -284,6 +323,13 @@ class PageAllocator:
         registered = [p for p in range(self.num_pages) if self._cached[p] is not None]
         if sorted(self._index.values()) != registered:
             raise AssertionError("hash index and page records disagree")
+        unwritten_free = [p for p in free if self._cached[p] is not None and not self._written[p]]
+        if unwritten_free:
+            raise AssertionError(
+                f"free pages in the prefix index were never written: {unwritten_free[:8]}"
+            )
+        if any(self._written[p] and self._cached[p] is None for p in range(self.num_pages)):
+            raise AssertionError("a page is marked written but not registered")
         for page_hash, page_id in self._index.items():
             record = self._cached[page_id]
             assert record is not None

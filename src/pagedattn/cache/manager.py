@@ -5,11 +5,13 @@ The engine-facing half of the paged KV cache (vLLM v1 ``KVCacheManager``, Kwon e
 KV data: it returns slot mappings and page tables for the kernels, and fork returns the page
 copies the caller applies with :meth:`PagePool.copy_pages`.
 
-Reserved is not written: :meth:`CacheManager.append_slots` only hands out slots. A full page
-enters the prefix index in :meth:`CacheManager.commit_written`, which the caller invokes once
-the forward that wrote those slots succeeded; a failed step never commits, so a later request
-can never be served KV that was not computed (the sequence is freed and its reserved pages go
-back to the pool as empty pages).
+Reserved is not written: :meth:`CacheManager.append_slots` hands out slots and registers the
+pages that became full so that requests admitted in the same step can share them (the forward
+writes every layer's KV before any attention reads it). :meth:`CacheManager.commit_written`,
+which the caller invokes once the forward that wrote those slots succeeded, marks them written.
+A sequence freed with registered pages that were never committed (its step failed) takes
+those entries back out of the index first (:meth:`CacheManager.free_sequence`): a later
+request can never be served KV that was not computed.
 
 Sliding window W with S sink tokens (StreamingLLM, arXiv 2309.17453): a query at position p sees
 keys j with p - W < j <= p, plus j < S. A full page with no such key for the first query being
@@ -223,8 +225,8 @@ class CacheManager:
         """Reserve KV slots for new tokens; a page is allocated when its first token arrives.
 
         First drops pages outside the window of the first new token (see module doc), then
-        allocates. Nothing enters the prefix index here: call :meth:`commit_written` once the
-        KV of these slots has been written.
+        allocates, then registers pages that became full in the prefix index (not yet written:
+        call :meth:`commit_written` once the forward that writes these slots succeeded).
 
         Args:
             seq_id: an existing sequence.
@@ -252,6 +254,8 @@ class CacheManager:
         seq.num_tokens += k
         if self.enable_prefix_caching:
             seq.token_ids.extend(int(t) for t in tokens)
+            for i in range(n0 // ps, seq.num_tokens // ps):
+                seq.register_page(i, self.allocator, ps, self.namespace)
         self._seqs.move_to_end(seq_id)
         return slots
 
@@ -274,11 +278,11 @@ class CacheManager:
 
     def commit_written(self, seq_id: Hashable, num_tokens: int | None = None) -> list[int]:
         """The commit point: the KV of the sequence's reserved slots up to ``num_tokens`` was
-        written by a forward that succeeded; pages that are now full of written tokens enter
-        the prefix index (and only now become visible to other requests).
+        written by a forward that succeeded; the pages this sequence registered that are now
+        full of written tokens are marked written (and survive the sequence being freed).
 
-        This is the one place a page becomes shareable; the scheduler hands the same pages to
-        the persistent tier right after (:meth:`pages_computed`).
+        This is the one place a page's KV is known to be real; the scheduler hands the same
+        pages to the persistent tier right after (:meth:`pages_computed`).
 
         Args:
             seq_id: an existing sequence.
@@ -286,8 +290,9 @@ class CacheManager:
                 reserved``; None = every reserved token.
 
         Returns:
-            The page ids newly entered in the prefix index, in position order (empty without
-            prefix caching; a page whose prefix another page already serves is not listed).
+            The page ids this sequence registered that became written, in position order
+            (empty without prefix caching; a page whose prefix another page already serves,
+            or that window trimming dropped, is not listed).
 
         Raises:
             KeyError: unknown seq_id. ValueError: ``num_tokens`` outside that range.
@@ -302,12 +307,13 @@ class CacheManager:
         ps = self.page_size
         first = seq.num_written_tokens // ps
         seq.num_written_tokens = upto
-        registered: list[int] = []
-        if self.enable_prefix_caching:
-            for i in range(first, upto // ps):
-                if seq.register_page(i, self.allocator, ps, self.namespace):
-                    registered.append(seq.page_table[i])
-        return registered
+        written: list[int] = []
+        for i in range(first, upto // ps):
+            page_id = seq.page_table[i]
+            if page_id != -1 and self._registered_here(seq, i):
+                self.allocator.mark_written(page_id)
+                written.append(page_id)
+        return written
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
         """Create ``child_id`` sharing the parent's full pages; its partial last page is copied.
@@ -346,6 +352,10 @@ class CacheManager:
             KeyError: unknown seq_id.
         """
         seq = self._get(seq_id)
+        ps = self.page_size
+        for i in range(seq.num_written_tokens // ps, len(seq.page_table)):
+            if seq.page_table[i] != -1 and self._registered_here(seq, i):
+                self.allocator.unregister(seq.page_table[i])  # registered, never written
         for page_id in reversed(seq.page_table):
             if page_id != -1:
                 self.allocator.release(page_id)
@@ -374,6 +384,17 @@ class CacheManager:
     @property
     def _reclaim(self) -> bool:
         return self.policy != "raise"
+
+    def _registered_here(self, seq: SequencePages, index: int) -> bool:
+        """The page at ``index`` is in the index under this sequence's own entry (not a page
+        it got from a prefix hit, which is written already)."""
+        record = self.allocator.cached_page(seq.page_table[index])
+        return (
+            record is not None
+            and index < len(seq.serials)
+            and record.serial == seq.serials[index]
+            and not self.allocator.is_written(seq.page_table[index])
+        )
 
     def _get(self, seq_id: Hashable) -> SequencePages:
         try:
@@ -417,11 +438,11 @@ class CacheManager:
         self._lossy_evictions += 1
         return page_id
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, *, between_steps: bool = True) -> None:
         """Allocator invariants plus: every refcount equals the page-table entries naming the
         page, each table has ceil(num_tokens / page_size) entries with a resident last page,
-        and no page holding a reserved but not yet written token is in the prefix index
-        (registered implies written).
+        and registered is told from written: a registered page not yet written is only a page
+        reserved by a step in progress (none at all ``between_steps``; a free one never).
 
         Raises:
             AssertionError: naming the first broken invariant.
@@ -433,10 +454,11 @@ class CacheManager:
                 if page_id == -1:
                     continue
                 expected[page_id] += 1
-                written = (index + 1) * self.page_size <= seq.num_written_tokens
-                if not written and self.allocator.cached_page(page_id) is not None:
+                registered = self.allocator.cached_page(page_id) is not None
+                if between_steps and registered and not self.allocator.is_written(page_id):
                     raise AssertionError(
                         f"{seq_id}: page {page_id} (index {index}) is in the prefix index but "
-                        f"only {seq.num_written_tokens} of its sequence's tokens are written"
+                        f"its KV was never committed as written "
+                        f"({seq.num_written_tokens} tokens written)"
                     )
         self.allocator.check_integrity(expected)

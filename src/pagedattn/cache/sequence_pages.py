@@ -49,10 +49,10 @@ class SequencePages:
         num_tokens: KV tokens reserved (slots handed out); ``len(page_table) ==
             ceil(num_tokens / page_size)``.
         num_written_tokens: of those, tokens whose KV a successful forward wrote (or that were
-            served from the prefix cache); only pages full of written tokens are ever entered
-            in the prefix index (see :meth:`CacheManager.commit_written`).
+            served from the prefix cache); pages this sequence registered beyond them are
+            taken back out of the prefix index when it is freed (its step failed).
         token_ids: every token id reserved (kept only with prefix caching, to hash full pages).
-        page_hashes: chained hash of each full written page (prefix caching only).
+        page_hashes: chained hash of each full page (prefix caching only).
         serials: registration serial serving each full page's exact prefix, None once the chain
             is broken (a collision, a dropped page or lossy eviction).
         trimmed_upto: pages before this index were already checked against the window.
@@ -108,14 +108,9 @@ class SequencePages:
 
     def register_page(
         self, index: int, allocator: PageAllocator, page_size: int, namespace: bytes
-    ) -> bool:
-        """Hash the just-written full page ``index`` and enter it in the prefix index if its
-        whole chain is registered and its KV is exact (no lossy eviction).
-
-        Returns:
-            True when this page id became a new prefix-index entry (False: not registered, or
-            an identical entry on another page already serves the prefix).
-        """
+    ) -> None:
+        """Hash the just-filled page ``index`` and enter it in the prefix index if its whole
+        chain is registered and its KV is exact (no lossy eviction)."""
         tokens = self.token_ids[index * page_size : (index + 1) * page_size]
         parent_hash = self.page_hashes[index - 1] if index else None
         page_hash = hash_page_tokens(parent_hash, tokens, namespace)
@@ -126,7 +121,6 @@ class SequencePages:
         if not self.lossy and page_id != -1 and (index == 0 or parent_serial is not None):
             serial = allocator.register(page_id, page_hash, parent_hash, tokens, parent_serial)
         self.serials.append(serial)
-        return serial is not None and allocator.cached_page(page_id) is not None
 
     def oldest_evictable(
         self, num_sink_pages: int, page_size: int, allocator: PageAllocator, exclusive: bool
@@ -150,7 +144,7 @@ class SequencePages:
             raise AssertionError(
                 f"{name}: {self.num_written_tokens} written of {self.num_tokens} reserved tokens"
             )
-        full = self.num_written_tokens // page_size
+        full = self.num_full_pages(page_size)
         if prefix_caching and not (
             len(self.token_ids) == self.num_tokens
             and len(self.page_hashes) == full

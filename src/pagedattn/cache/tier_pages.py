@@ -53,7 +53,8 @@ def restore_pages(
 ) -> int:
     """Restore the pages after ``seq``'s in-memory hits: the longest run of ``hashes`` the tier
     holds (at most ``max_pages``), each into a freshly allocated page, registered in the prefix
-    index and appended to ``seq``'s table.
+    index (and marked written: its KV is in the pool before it is registered) and appended to
+    ``seq``'s table.
 
     Args:
         tier: the tier; allocator: the pool's allocator.
@@ -83,6 +84,7 @@ def restore_pages(
         if serial is None:  # the hash is taken by another prefix: stop here
             allocator.free(page_id)
             break
+        allocator.mark_written(page_id)  # its bytes are in the pool already
         seq.page_table.append(page_id)
         seq.page_hashes.append(key.page_hash)
         seq.serials.append(serial)
