@@ -28,7 +28,13 @@ def test_dashboard_queries_exposed_metrics(server: RunningServer) -> None:
     used = {m for e in exprs for m in re.findall(r"pagedattn:[a-z0-9_]+", e)}
     assert used - samples == set()
     assert sum("histogram_quantile(0.99" in e for e in exprs) >= 3
-    for needle in ("kv_cache_usage_perc", "prefix_cache_hits", "num_preemptions", "evictions"):
+    for needle in (
+        "model_forward_time_seconds",
+        "kv_cache_usage_perc",
+        "prefix_cache_hits",
+        "num_preemptions",
+        "evictions",
+    ):
         assert any(needle in e for e in exprs), needle
 
 

@@ -1,4 +1,5 @@
-"""`pagedattn` command line: demo | generate | chat | serve | bench {kernels, generate, engine}.
+"""`pagedattn` command line: demo | generate | chat | serve | bench {kernels, generate, engine}
+| eval ppl | profile.
 
 Each subcommand lives in its own module and imports heavy dependencies lazily,
 so `pagedattn --help` stays fast.
@@ -23,6 +24,7 @@ def _register() -> None:
         bench_kernels,
         chat,
         demo,
+        eval,
         generate,
         serve,
     )

@@ -54,6 +54,7 @@ def create_app(
         the metrics registry.
     """
     metrics = ServerMetrics(lambda: async_engine.stats, model_name)
+    metrics.instrument(engine)
     async_engine = AsyncEngine(engine, metrics)
     serving = OpenAIServing(async_engine, model_name, default_max_tokens)
 
