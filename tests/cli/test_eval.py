@@ -61,6 +61,15 @@ def test_eval_ppl_table_json_and_plot(tiny_gguf: Path, tmp_path: Path) -> None:
     assert abs(records[0]["perplexity"] - expected) <= 1e-3 * expected
     assert "full" in out and "1.00x" in out and "sinks (shifted)" in out
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # `eval report` rebuilds the table and plot from saved records (runs split over processes)
+    _register()
+    merged, png2 = tmp_path / "merged.json", tmp_path / "merged.png"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        app, ["eval", "report", str(out_json), "--json", str(merged), "--plot", str(png2)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(merged.read_text()) == records
+    assert "sinks (shifted)" in result.output and png2.stat().st_size > 0
 
 
 def test_eval_ppl_refuses_bad_options(tiny_gguf: Path) -> None:

@@ -26,5 +26,6 @@ def _register() -> None:
         demo,
         eval,
         generate,
+        profile,
         serve,
     )

@@ -118,10 +118,9 @@ def eval_ppl(
     """Perplexity of the model over --tokens tokens of a text under each KV policy and budget,
     fed through the paged cache as StreamingLLM measured it (arXiv 2309.17453, Sec. 4.1)."""
     from rich.console import Console
-    from rich.table import Table
 
     from pagedattn.bench.corpus import corpus_token_ids
-    from pagedattn.eval.report import table_rows, write_json, write_plot
+    from pagedattn.eval.report import write_json, write_plot
     from pagedattn.model.llama import LlamaModel
     from pagedattn.model.loader import load_model
 
@@ -149,7 +148,12 @@ def eval_ppl(
         ids = corpus_token_ids(loaded.tokenizer, text, tokens)[:tokens]
         net = LlamaModel.from_loaded(loaded)
 
+        done: list[dict[str, Any]] = []
+
         def progress(r: Any) -> None:
+            done.append(r.record())
+            if json_out is not None:  # after every run, so a long sweep keeps what it measured
+                write_json(json_out, done)
             console.print(
                 f"{r.policy:>6} {r.position_mode:>8} budget {r.budget!s:>5}: "
                 f"ppl {r.perplexity:.3f}  peak pages {r.peak_pages}  ({r.seconds:.0f} s)"
@@ -167,16 +171,71 @@ def eval_ppl(
             fast=fast,
             progress=progress,
         )
-        header, rows = table_rows(records)
-        table = Table(title=f"perplexity over {len(ids)} tokens (ratio to full)")
-        for h in header:
-            table.add_column(h)
-        for row in rows:
-            table.add_row(*row)
-        Console().print(table)
+        print_table(records)
         if json_out is not None:
             write_json(json_out, records)
         if plot is not None:
             name = loaded.source.name
             title = f"{name}, {len(ids)} tokens, page size {page_size}"
+            write_plot(plot, records, plot_budget or min(budgets), title)
+
+
+def print_table(records: list[dict[str, Any]]) -> None:
+    """The policy x budget table (perplexity, ratio to full) on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pagedattn.eval.report import table_rows
+
+    tokens = sorted({r["tokens"] for r in records})
+    header, rows = table_rows(records)
+    table = Table(title=f"perplexity over {', '.join(map(str, tokens))} tokens (ratio to full)")
+    for h in header:
+        table.add_column(h)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+@eval_app.command("report")
+def eval_report(
+    json_in: Annotated[
+        list[Path], typer.Argument(help="JSON files written by `eval ppl --json` (merged).")
+    ],
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the merged records.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the two-panel PNG.")] = None,
+    plot_budget: Annotated[
+        int | None, typer.Option(help="Budget of the running-NLL panel (default: the smallest).")
+    ] = None,
+    title: Annotated[str, typer.Option(help="Title of the PNG.")] = "",
+) -> None:
+    """Table (and JSON / PNG) of records from earlier `eval ppl` runs, e.g. runs split over
+    several processes; a later record of the same (policy, position mode, budget) wins."""
+    import json
+
+    from pagedattn.eval.report import write_json, write_plot
+
+    with cli_errors():
+        merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for path in json_in:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+                raise ValueError(f"{path}: expected a JSON list of records")
+            for r in data:
+                missing = {"policy", "position_mode", "budget", "tokens", "perplexity"} - set(r)
+                if missing:
+                    raise ValueError(f"{path}: record without {sorted(missing)}")
+                merged[(r["policy"], r["position_mode"], r["budget"], r["tokens"])] = r
+        records = list(merged.values())
+        if not records:
+            raise ValueError("no records in the given files")
+        print_table(records)
+        if json_out is not None:
+            write_json(json_out, records)
+        if plot is not None:
+            budgets = [r["budget"] for r in records if r["budget"] is not None]
+            if not budgets:
+                raise ValueError("--plot: needs records with a budget")
             write_plot(plot, records, plot_budget or min(budgets), title)
