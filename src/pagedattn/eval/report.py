@@ -71,10 +71,16 @@ def write_plot(
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     full = _full(records)
     labels = list(dict.fromkeys(_label(r) for r in records if r["policy"] != "full"))
+    colors = {label: f"C{i + 1}" for i, label in enumerate(labels)}  # the same in both panels
+    colors["full"] = "black"
     for label in labels:
         mine = sorted((r for r in records if _label(r) == label), key=lambda r: r["budget"])
         ax1.plot(
-            [r["budget"] for r in mine], [r["perplexity"] for r in mine], marker="o", label=label
+            [r["budget"] for r in mine],
+            [r["perplexity"] for r in mine],
+            marker="o",
+            label=label,
+            color=colors[label],
         )
     if full is not None:
         ax1.axhline(full["perplexity"], color="black", linestyle="--", label="full (no eviction)")
@@ -84,11 +90,17 @@ def write_plot(
     ax1.set_ylabel("perplexity")
     ax1.set_title("Perplexity vs KV budget")
     ax1.legend(fontsize=8)
+    tail: list[float] = []  # values past the first budget's worth of tokens set the y range
     for r in records:
         if r["budget"] == curve_budget or r["policy"] == "full":
             curve = r["running_mean_nll"]
             style = "--" if r["policy"] == "full" else "-"
-            ax2.plot(curve["position"], curve["value"], style, label=_label(r))
+            ax2.plot(
+                curve["position"], curve["value"], style, label=_label(r), color=colors[_label(r)]
+            )
+            tail += [v for p, v in zip(curve["position"], curve["value"], strict=True) if p > 64]
+    if tail:
+        ax2.set_ylim(min(tail) - 0.2, max(tail) + 0.2)
     ax2.axvline(curve_budget, color="grey", linewidth=0.8)
     ax2.set_xlabel("position (tokens)")
     ax2.set_ylabel("running mean NLL (nats)")
