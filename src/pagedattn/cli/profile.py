@@ -133,6 +133,11 @@ def profile(
         loaded = load_model(model)
         net = LlamaModel.from_loaded(loaded)
         prompts = workload_prompts(loaded.tokenizer, workload, prompt_len, num_requests, seed)
+        # Warm-up on a throwaway engine (JIT kernels load on first use; counters stay clean).
+        warm = LLMEngine(engine_config(model, page_size=page_size, num_pages=64), net)
+        warm.add_request(prompts[0][:40], SamplingParams(temperature=0.0, max_tokens=3))
+        while warm.has_unfinished_requests():
+            warm.step()
         results = []
         for config in configs:
             options: dict[str, Any] = {"page_size": page_size, "kv_cache_mib": kv_cache_mib}
