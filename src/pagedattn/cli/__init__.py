@@ -1,5 +1,5 @@
 """`pagedattn` command line: demo | generate | chat | serve |
-bench {kernels, generate, engine, store, structured}.
+bench {kernels, generate, engine, store, structured} | eval ppl | profile.
 
 Each subcommand lives in its own module and imports heavy dependencies lazily,
 so `pagedattn --help` stays fast.
@@ -26,6 +26,8 @@ def _register() -> None:
         bench_structured,
         chat,
         demo,
+        eval,
         generate,
+        profile,
         serve,
     )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.kernels.attention_mass import page_attention_mass
 from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.forward_batch import ForwardBatch
@@ -175,23 +176,37 @@ class LlamaModel:
                 f"got {kv.dtype} {kv.shape}"
             )
 
-    def forward(self, batch: ForwardBatch, kv: np.ndarray) -> np.ndarray:
+    def forward(
+        self, batch: ForwardBatch, kv: np.ndarray, attention_mass: np.ndarray | None = None
+    ) -> np.ndarray:
         """Run the new tokens of ``batch`` through the model, writing their K/V into ``kv``.
 
         Args:
             batch: the flat batch (input_ids, positions, slot_mapping, page_tables, ...).
             kv: (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim) float32 pool;
                 updated in place at ``batch.slot_mapping``.
+            attention_mass: opt-in (H2O eviction, :mod:`pagedattn.kernels.attention_mass`):
+                float32 ``batch.page_tables.shape``, to which a decode step adds, per page, the
+                softmax mass its keys received, summed over heads and layers. None (the
+                default) leaves the attention path as it is.
 
         Returns:
             (len(batch.logits_indices), vocab_size) float32 logits of the requested rows.
 
         Raises:
             ValueError: a KV pool of the wrong shape/dtype, token ids outside the vocabulary,
-                or any kernel argument error (the kernels name the expected shape).
+                any kernel argument error (the kernels name the expected shape), or
+                ``attention_mass`` of the wrong shape or with a batch that is not a decode step.
         """
         c = self.config
         self._check_kv(kv)
+        if attention_mass is not None and (
+            not batch.is_decode or attention_mass.shape != batch.page_tables.shape
+        ):
+            raise ValueError(
+                f"attention_mass: expected a decode batch and shape {batch.page_tables.shape}, "
+                f"got is_decode={batch.is_decode}, shape {attention_mass.shape}"
+            )
         T, nh, nkv, D = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
         ids = np.asarray(batch.input_ids)
         if T and (ids.min() < 0 or ids.max() >= c.vocab_size):
@@ -222,7 +237,21 @@ class LlamaModel:
                     sliding_window=batch.sliding_window,
                     num_sink_tokens=batch.num_sink_tokens,
                     q_sink=q_sink,
-                )  # (num_seqs = T, nh, D)
+                    return_lse=attention_mass is not None,
+                )  # (num_seqs = T, nh, D) [, lse (T, nh)]
+                if attention_mass is not None:
+                    assert isinstance(attn, tuple)
+                    attn, lse = attn
+                    attention_mass += page_attention_mass(
+                        q_rot,
+                        k_cache,
+                        batch.page_tables,
+                        batch.context_lens,
+                        lse,
+                        sliding_window=batch.sliding_window,
+                        num_sink_tokens=batch.num_sink_tokens,
+                        q_sink=q_sink,
+                    )  # (num_seqs, max_pages_per_seq)
             else:
                 attn = paged_attention_prefill(
                     q_rot,

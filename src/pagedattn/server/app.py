@@ -66,6 +66,7 @@ def create_app(
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model_name: expected one or more non-empty names, got {model_name!r}")
     metrics = ServerMetrics(lambda: async_engine.stats, names[0])
+    metrics.instrument(engine)
     async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
     serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
 

@@ -20,12 +20,15 @@ thread as outputs arrive:
   request: one per generated token after a request's first), ``e2e_request_latency_seconds``
   (finish - arrival, every request that was scheduled), ``iteration_tokens_total`` and
   ``iteration_num_seqs`` (per model step). Arrival is when the server received the request,
-  so TTFT and e2e include the time it queued behind running steps.
+  so TTFT and e2e include the time it queued behind running steps;
+  ``model_forward_time_seconds`` (wall time of each model forward, timed around the model from
+  outside by :meth:`ServerMetrics.instrument`).
 - the persistent KV tier's families (``kv_store_*``, see :mod:`pagedattn.server.kv_store_metrics`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -137,6 +140,25 @@ class EngineStatsCollector(Collector):
         yield from kv_store_metrics(s, m)  # the persistent tier, when there is one
 
 
+class TimedModel:
+    """A model whose ``forward`` reports its wall time (s) to ``observe``; everything else is
+    the wrapped model's."""
+
+    def __init__(self, model: Any, observe: Callable[[float], None]) -> None:
+        self.model = model
+        self.observe = observe
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return self.model.forward(*args, **kwargs)
+        finally:
+            self.observe(time.perf_counter() - began)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
 class ServerMetrics:
     """The registry of one server: engine counters/gauges plus latency and batch histograms.
 
@@ -177,6 +199,16 @@ class ServerMetrics:
         self.iteration_num_seqs = hist(
             "iteration_num_seqs", "Sequences per model step.", BATCH_BUCKETS
         ).labels(model_name)
+        self.model_forward = hist(
+            "model_forward_time_seconds",
+            "Wall time of one model forward (all layers, attention included) per step (s).",
+            LATENCY_BUCKETS,
+        ).labels(model_name)
+
+    def instrument(self, engine: Any) -> None:
+        """Time every model forward of ``engine`` into ``model_forward_time_seconds``: wraps
+        ``engine.runner.model`` from outside (one ``perf_counter`` pair per step)."""
+        engine.runner.model = TimedModel(engine.runner.model, self.model_forward.observe)
 
     def count_rejection(self, reason: str) -> None:
         """A request the server refused before the engine saw it, by finish reason."""
