@@ -25,9 +25,15 @@ class SamplingParams:
         top_k: keep only the ``k`` most likely tokens; ``0`` or ``-1`` turns it off.
         top_p: nucleus sampling (Holtzman et al. 2019, arXiv 1904.09751): keep the smallest
             set of most likely tokens whose probability sums to at least ``top_p``, in (0, 1].
-        seed: per-request random seed (``np.random.Generator(PCG64(seed))``): the same seed
-            gives the same tokens whatever else is in the batch; None draws from the engine's
-            generator.
+        seed: per-request random seed (``np.random.Generator(PCG64(seed))``); None draws
+            from the engine's generator. On the default (NumPy) backend a request's logits
+            are bitwise independent of what else shares its steps (see
+            :class:`pagedattn.model.llama.LlamaModel`), so the same seed (or greedy sampling)
+            gives the same tokens alone, in any batch and whenever others arrive, provided its
+            prompt is cut into the same prefill chunks: chunks depend on the prompt's own
+            length and the chunk budget, but a prefix-cache hit skips the cached pages and
+            may change the result by float32 rounding (the cached KV was computed in another
+            request's chunks).
         max_tokens: generate exactly this many tokens unless a stop comes first. ``0`` is
             allowed: the request finishes at once with reason ``"length"`` and no model work.
         stop: strings that end generation; the matched stop string and everything after it
