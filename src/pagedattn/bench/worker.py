@@ -25,6 +25,8 @@ TASKS = {
     "generate-hf": "pagedattn.bench.generate:measure_hf",
     "engine-ours": "pagedattn.bench.engine:measure_ours",
     "engine-hf": "pagedattn.bench.engine:measure_hf",
+    "generate-llamacpp": "pagedattn.bench.llamacpp:measure_generate",
+    "engine-llamacpp": "pagedattn.bench.llamacpp:measure_engine",
 }
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
