@@ -23,8 +23,9 @@ def test_llm_chat_batch_equals_direct_greedy_decoding() -> None:
     for conv, result in zip(conversations, results, strict=True):
         prompt = tokenizer.encode_chat(conv)
         assert result.prompt_token_ids == prompt
-        assert result.token_ids == greedy(model, prompt, 6)  # type: ignore[arg-type]
-        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        assert result.finish_reason == "length"
+        completion = result.outputs[0]
+        assert completion.token_ids == greedy(model, prompt, 6)  # type: ignore[arg-type]
+        assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        assert completion.finish_reason == "length"
     # The shared chat-template prefix is reused from the prefix cache by the second request.
     assert llm.engine.get_stats()["prefix_cache_hits"] > 0
