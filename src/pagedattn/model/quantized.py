@@ -31,6 +31,7 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 SUPPORTED = tuple(BLOCK_BYTES)
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 ROWS_PER_TASK = 16  # output rows one thread decodes and applies to every input row
+ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,11 @@ def _qmatmul_kernel(
         w = np.empty((ROWS_PER_TASK, num_in), np.float32)
         for n in range(n0, n1):
             _decode_row(blocks[n], kind, scale[n], offset[n], w[n - n0], half)
-        for t in range(num_rows):
-            xt = x[t]
+        for t0 in range(0, num_rows, ROWS_PER_TILE):  # a tile of x stays in L2 for all n
             for n in range(n0, n1):
-                out[t, n] = _dot(w[n - n0], xt)
+                wn = w[n - n0]
+                for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
+                    out[t, n] = _dot(wn, x[t])
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -176,10 +178,11 @@ def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pr
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         n0 = task * ROWS_PER_TASK
         n1 = min(num_out, n0 + ROWS_PER_TASK)
-        for t in range(num_rows):
-            xt = x[t]
+        for t0 in range(0, num_rows, ROWS_PER_TILE):
             for n in range(n0, n1):
-                out[t, n] = _dot(w[n], xt)
+                wn = w[n]
+                for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
+                    out[t, n] = _dot(wn, x[t])
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
