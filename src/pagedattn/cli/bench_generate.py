@@ -84,9 +84,9 @@ def bench_generate(
     for name in ("metric", "ours", "HF transformers", "ours / HF", "target", "met"):
         table.add_column(name, justify="right" if name != "metric" else "left")
     peer_result = results.get("llamacpp")
-    peer = Table(title="llama.cpp, same GGUF and threads")
+    peer_table = Table(title="llama.cpp, same GGUF and threads")
     for name in ("metric", "ours", "llama.cpp", "ours / llama.cpp"):
-        peer.add_column(name, justify="right" if name != "metric" else "left")
+        peer_table.add_column(name, justify="right" if name != "metric" else "left")
     rows = [
         (f"prefill tok/s ({prompt_len}-token prompt)", "prefill_tok_s", PREFILL_TARGET),
         (f"decode tok/s ({output_len} tokens, greedy)", "decode_tok_s", DECODE_TARGET),
@@ -101,12 +101,12 @@ def bench_generate(
         table.add_row(label, f"{ours:.1f}", "-" if ref is None else f"{ref:.1f}", ratio, goal, met)
         if peer_result is not None:
             lc = peer_result[key]
-            peer.add_row(label, f"{ours:.1f}", f"{lc:.1f}", f"{ours / lc:.2f}x")
+            peer_table.add_row(label, f"{ours:.1f}", f"{lc:.1f}", f"{ours / lc:.2f}x")
     console.print(table)
     if peer_result is None:
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:
-        console.print(peer)
+        console.print(peer_table)
     console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
