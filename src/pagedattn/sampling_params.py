@@ -52,10 +52,16 @@ class SamplingParams:
         logit_bias: token id -> bias in [-100, 100] added to the logit; -100 bans the token
             (its logit becomes -inf). Ids must be inside the tokenizer's vocabulary (checked by
             the engine).
-        seed: per-request random seed (``np.random.Generator(PCG64(seed))``): the same seed
-            gives the same tokens whatever else is in the batch; completion ``i`` of a request
-            with ``n``/``best_of`` > 1 uses ``seed + i`` (vLLM's rule); None draws the seed
-            from the engine's generator.
+        seed: per-request random seed (``np.random.Generator(PCG64(seed))``); completion
+            ``i`` of a request with ``n``/``best_of`` > 1 uses ``seed + i`` (vLLM's rule); None
+            draws the seed from the engine's generator. On the default (NumPy) backend a
+            request's logits are bitwise independent of what else shares its steps (see
+            :class:`pagedattn.model.llama.LlamaModel`), so the same seed (or greedy sampling)
+            gives the same tokens alone, in any batch and whenever others arrive, provided its
+            prompt is cut into the same prefill chunks: chunks depend on the prompt's own
+            length and the chunk budget, but a prefix-cache hit skips the cached pages and
+            may change the result by float32 rounding (the cached KV was computed in another
+            request's chunks).
         max_tokens: generate exactly this many tokens unless a stop comes first. ``0`` is
             allowed: the request finishes with reason ``"length"`` and no generated token
             (after computing the prompt when ``prompt_logprobs`` is asked, else at once).

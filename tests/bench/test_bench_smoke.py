@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 import pagedattn.cli.bench_engine
 import pagedattn.cli.bench_generate  # noqa: F401  (register the commands)
+from pagedattn.bench import llamacpp
 from pagedattn.bench.corpus import sample_prompts, shared_prefix_prompts
+from pagedattn.bench.cpu import cpu_features
 from pagedattn.cli.app import app
 
 runner = CliRunner()
@@ -34,6 +36,9 @@ def test_bench_generate_prints_table_and_positive_figures(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "bench generate: tiny.gguf" in result.stdout and "prefill tok/s" in result.stdout
+    assert "CPU features:" in result.stdout
+    if not llamacpp.available():  # the peer column says so, never prints stored numbers
+        assert "llama.cpp: not measured" in result.stdout
     figures = json.loads(out.read_text())["ours"]
     assert figures["generated"] == 6
     for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib"):
@@ -51,6 +56,9 @@ def test_bench_engine_counts_every_token_and_prefix_hits(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "bench engine: tiny.gguf" in result.stdout and "gen tok/s" in result.stdout
+    assert "CPU features:" in result.stdout
+    if not llamacpp.available():
+        assert "llama.cpp: not measured" in result.stdout
     assert "prefix caching on vs off (50% shared prefix): " in result.stdout
     figures = json.loads(out.read_text())["ours"]
     for run in ("main", "shared_on", "shared_off"):
@@ -97,3 +105,12 @@ def test_bench_generate_with_hf_reference_on_the_tiny_gguf(
     hf = json.loads(out.read_text())["hf"]
     for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib"):
         assert hf[key] > 0
+
+
+def test_cpu_features_read_the_flags_line(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu sse avx2 fma avx512f avx512_vnni amx_tile\n")
+    assert cpu_features(info) == ["AVX2", "FMA", "AVX-512", "AVX512-VNNI", "AMX"]
+    info.write_text("flags : fpu sse sse2\n")
+    assert cpu_features(info) == []
+    assert cpu_features(tmp_path / "absent") == ["unknown"]

@@ -11,9 +11,9 @@ from gguf.quants import dequantize, quantize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedattn.model.llama import QUANTIZED_MAX_ROWS, LlamaModel
+from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import LoadedModel, load_model
-from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks, qmatmul
+from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 from tests.model.paging import PagedSequences
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
@@ -24,11 +24,12 @@ def test_block_form_dequantizes_bit_exactly(qtype: Q) -> None:
     raw = quantize(w, qtype)
     block = from_gguf_blocks(raw, qtype.name, (40, 96))
     np.testing.assert_array_equal(block.dequantize(), dequantize(raw, qtype).reshape(40, 96))
-    assert block.codes.dtype == np.int8 and block.scale.shape == (40, 3)
+    assert block.blocks.dtype == np.uint8 and block.scale.shape == (40, 3)
+    assert np.shares_memory(block.blocks, raw)  # the file's bytes, not a copy
 
 
 @given(
-    rows=st.integers(1, 6),
+    rows=st.integers(1, 40),
     out=st.integers(1, 70),
     blocks=st.integers(1, 4),
     qtype=st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0]),
@@ -40,13 +41,16 @@ def test_qmatmul_equals_dense_matmul(rows: int, out: int, blocks: int, qtype: Q,
     block = from_gguf_blocks(quantize(w, qtype), qtype.name, (out, 32 * blocks))
     x = rng.standard_normal((rows, 32 * blocks)).astype(np.float32)
     want = x.astype(np.float64) @ block.dequantize().astype(np.float64).T
-    np.testing.assert_allclose(qmatmul(x, block), want, rtol=1e-5, atol=1e-4)
+    got = qmatmul(x, block)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    for t in range(rows):  # each row bitwise the same computed alone (batch invariance)
+        np.testing.assert_array_equal(qmatmul(x[t : t + 1], block)[0], got[t])
+    halves = qmatmul(x, block, block)  # two parts side by side, as the fused q|k|v call
+    np.testing.assert_array_equal(halves, np.concatenate([got, got], axis=1))
 
 
 def test_bad_shapes_are_refused() -> None:
-    block = BlockQuantized(
-        np.zeros((2, 32), np.int8), np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32)
-    )
+    block = from_gguf_blocks(np.zeros(68, np.uint8), "Q8_0", (2, 32))
     with pytest.raises(ValueError, match=r"x: expected \(num_tokens, 32\)"):
         qmatmul(np.zeros((1, 64), np.float32), block)
     with pytest.raises(ValueError, match="does not match shape"):
@@ -74,7 +78,6 @@ def test_quantized_decode_equals_float32_decode(tmp_path: Path, qtype: Q) -> Non
         state.step({seq: list(range(10, 30))})
         logits.append(np.concatenate([state.step({seq: [t]}) for t in (40, 50, 60)]))
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4)
-    assert QUANTIZED_MAX_ROWS >= 1
 
 
 @pytest.mark.model

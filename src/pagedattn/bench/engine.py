@@ -71,7 +71,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
     numba.set_num_threads(int(args["threads"]))
     loaded = load_model(args.get("model"))
-    model = LlamaModel.from_loaded(loaded)  # block-quantized decode path included
+    model = LlamaModel.from_loaded(loaded)  # projections on the GGUF blocks
 
     def engine(prefix_caching: bool) -> LLMEngine:
         config = engine_config(

@@ -59,7 +59,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         args.get("model"), page_size=int(args.get("page_size", 16)), enable_prefix_caching=False
     )
     loaded = load_model(args.get("model"))
-    model = LlamaModel.from_loaded(loaded)  # block-quantized decode path included
+    model = LlamaModel.from_loaded(loaded)  # projections on the GGUF blocks
     engine = LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
     total = repeats + 2
     run_one(engine, prompt[:32], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))

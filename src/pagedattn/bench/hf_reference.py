@@ -1,8 +1,8 @@
 """The reference side of the benchmarks: Hugging Face transformers on the same model file.
 
 transformers dequantizes a GGUF to float32 torch tensors (``from_pretrained(dir,
-gguf_file=name)``), the float32 weights our loader produces too (our decode-size projections
-run on the same GGUF blocks, unexpanded; same logits to 1e-4). Prompts are our token ids
+gguf_file=name)``), the values our projections decode from the same GGUF blocks row by row
+(never expanded to a float32 copy; logits within 1e-3). Prompts are our token ids
 (the tokenizers agree id for id, see tests/model/test_tokenizer.py). Nothing is fetched:
 ``HF_HUB_OFFLINE=1``.
 """

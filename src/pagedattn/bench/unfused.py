@@ -17,10 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
+from pagedattn.kernels.paged import write_kv
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
+from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.forward_batch import ForwardBatch
-from pagedattn.model.llama import LlamaModel, linear, rms_norm, silu_mul
+from pagedattn.model.llama import LlamaModel
+from pagedattn.model.quantized import qmatmul
+from pagedattn.model.row_ops import rms_norm, silu_mul
 
 
 class UnfusedProfiler:
@@ -50,15 +53,17 @@ class UnfusedProfiler:
         ids = np.asarray(batch.input_ids)
         if T and (ids.min() < 0 or ids.max() >= c.vocab_size):
             raise ValueError(f"input_ids must be in [0, {c.vocab_size})")
-        cos, sin = t("rope", rope_cos_sin, batch.positions, D, c.rope_theta)
+        freqs = c.rope_freq_factors
+        cos, sin = t("rope", rope_cos_sin, batch.positions, D, c.rope_theta, freqs)
         sink = None
         if batch.sink_positions is not None:
-            sink = t("rope", rope_cos_sin, batch.sink_positions, D, c.rope_theta)
-        x = t("embedding", lambda: m.embed[ids])
+            sink = t("rope", rope_cos_sin, batch.sink_positions, D, c.rope_theta, freqs)
+        split = AttentionSplit(batch)
+        x = t("embedding", m._embed, ids)
         for li, layer in enumerate(m.layers):
             began = time.perf_counter()
             h = t("norm", rms_norm, x, layer.attn_norm, c.rms_norm_eps)
-            qkv = t("matmul", linear, h, layer.w_qkv_t, layer.q_qkv)
+            qkv = t("matmul", qmatmul, h, *layer.qkv)
             q = qkv[:, : nh * D].reshape(T, nh, D)
             k = qkv[:, nh * D : (nh + nkv) * D].reshape(T, nkv, D)
             v = np.ascontiguousarray(qkv[:, (nh + nkv) * D :]).reshape(T, nkv, D)
@@ -67,42 +72,14 @@ class UnfusedProfiler:
             q_sink = None if sink is None else t("rope", apply_rope_cos_sin, q, *sink)
             k_cache, v_cache = kv[li, 0], kv[li, 1]
             t("attention", write_kv, k_cache, v_cache, k_rot, v, batch.slot_mapping)
-            mask = {
-                "sliding_window": batch.sliding_window,
-                "num_sink_tokens": batch.num_sink_tokens,
-                "q_sink": q_sink,
-            }
-            if batch.is_decode:
-                attn = t(
-                    "attention",
-                    paged_attention_decode,
-                    q_rot,
-                    k_cache,
-                    v_cache,
-                    batch.page_tables,
-                    batch.context_lens,
-                    **mask,
-                )
-            else:
-                attn = t(
-                    "attention",
-                    paged_attention_prefill,
-                    q_rot,
-                    k_cache,
-                    v_cache,
-                    batch.page_tables,
-                    batch.query_start_loc,
-                    batch.context_lens,
-                    **mask,
-                )
-            x += t("matmul", linear, attn.reshape(T, nh * D), layer.w_o_t, layer.q_o)
+            attn = t("attention", split.attention, q_rot, q_sink, k_cache, v_cache)
+            x += t("matmul", qmatmul, attn.reshape(T, nh * D), layer.o)
             h = t("norm", rms_norm, x, layer.mlp_norm, c.rms_norm_eps)
-            gate_up = t("matmul", linear, h, layer.w_gate_up_t, layer.q_gate_up)
-            inter = c.intermediate_size
-            act = t("activation", silu_mul, gate_up[:, :inter], gate_up[:, inter:])
-            x += t("matmul", linear, act, layer.w_down_t, layer.q_down)
+            gate_up = t("matmul", qmatmul, h, *layer.gate_up)
+            act = t("activation", silu_mul, gate_up)
+            x += t("matmul", qmatmul, act, layer.down)
             self.by_layer[li] += time.perf_counter() - began
         rows = x[np.asarray(batch.logits_indices)]
         rows = t("norm", rms_norm, rows, m.final_norm, c.rms_norm_eps)
-        out: np.ndarray = t("matmul", linear, rows, m.lm_head_t, m.q_lm_head)
+        out: np.ndarray = t("matmul", qmatmul, rows, m.lm_head)
         return out

@@ -26,6 +26,8 @@ TASKS = {
     "engine-ours": "pagedattn.bench.engine:measure_ours",
     "engine-hf": "pagedattn.bench.engine:measure_hf",
     "store": "pagedattn.bench.store:measure",
+    "generate-llamacpp": "pagedattn.bench.llamacpp:measure_generate",
+    "engine-llamacpp": "pagedattn.bench.llamacpp:measure_engine",
 }
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 

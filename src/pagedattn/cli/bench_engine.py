@@ -51,6 +51,7 @@ def bench_engine(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import (
         corpus_token_ids,
         load_tokenizer,
@@ -58,6 +59,7 @@ def bench_engine(
         sample_prompts,
         shared_prefix_prompts,
     )
+    from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.worker import run_worker
 
     console = Console()
@@ -99,7 +101,8 @@ def bench_engine(
             TimeElapsedColumn(),
         )
         with Progress(*columns, console=console, transient=True) as progress:
-            for side in ["ours", "hf"] if hf else ["ours"]:
+            peer = llamacpp.available() and path.suffix == ".gguf"
+            for side in ["ours"] + (["hf"] if hf else []) + (["llamacpp"] if peer else []):
                 task = progress.add_task(f"{side}: loading the model", total=None)
 
                 def update(phase: str, done: int, total: int, task: Any = task) -> None:
@@ -126,6 +129,14 @@ def bench_engine(
         rows.append(
             (f"HF bs={hf_batch_size}", results["hf"]["main"], results["hf"]["peak_rss_mib"])
         )
+    if "llamacpp" in results:
+        rows.append(
+            (
+                "llama.cpp (sequential)",
+                results["llamacpp"]["main"],
+                results["llamacpp"]["peak_rss_mib"],
+            )
+        )
     for key, label in (("shared_on", "ours shared, cache on"), ("shared_off", "ours shared, off")):
         if key in results["ours"]:
             rows.append((label, results["ours"][key], None))
@@ -140,6 +151,13 @@ def bench_engine(
             "" if ref is None else f"{r['generated_tok_s'] / ref:.2f}x",
         )
     console.print(table)
+    console.print(cpu_line())
+    if "llamacpp" in results:
+        lc = results["llamacpp"]["main"]["generated_tok_s"]
+        ours_tok_s = results["ours"]["main"]["generated_tok_s"]
+        console.print(f"ours vs llama.cpp (sequential requests): {ours_tok_s / lc:.2f}x")
+    else:
+        console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     if ref is not None:
         got = results["ours"]["main"]["generated_tok_s"] / ref
         verdict = "met" if got >= TARGET else "NOT met"
@@ -153,7 +171,7 @@ def bench_engine(
         "(ours: continuous batching, all queued at once; HF: sequential generate calls on "
         "batches in prompt order, left padded, min_new_tokens = max_new_tokens). Greedy, EOS "
         "ignored, same model file, same prompt ids; HF float32, ours LlamaModel.from_loaded "
-        "(decode-size projections on the GGUF's exact quantized blocks). Peak RSS = each "
+        "(every projection on the GGUF's memory-mapped quantized blocks). Peak RSS = each "
         "side's process. "
         "'shared': the first half of every prompt is a common prefix; cached tok = prompt "
         "tokens served from the prefix cache."

@@ -37,7 +37,9 @@ def bench_generate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
+    from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.worker import run_worker
 
     console = Console()
@@ -63,7 +65,8 @@ def bench_generate(
             TimeElapsedColumn(),
         ]
         with Progress(*columns, console=console, transient=True) as progress:
-            for side in ["ours", "hf"] if hf else ["ours"]:
+            peer = llamacpp.available() and path.suffix == ".gguf"
+            for side in ["ours"] + (["hf"] if hf else []) + (["llamacpp"] if peer else []):
                 task = progress.add_task(f"{side}: loading", total=repeats + 2)
 
                 def update(phase: str, done: int, total: int, task: Any = task) -> None:
@@ -80,6 +83,10 @@ def bench_generate(
     )
     for name in ("metric", "ours", "HF transformers", "ours / HF", "target", "met"):
         table.add_column(name, justify="right" if name != "metric" else "left")
+    peer_result = results.get("llamacpp")
+    peer_table = Table(title="llama.cpp, same GGUF and threads")
+    for name in ("metric", "ours", "llama.cpp", "ours / llama.cpp"):
+        peer_table.add_column(name, justify="right" if name != "metric" else "left")
     rows = [
         (f"prefill tok/s ({prompt_len}-token prompt)", "prefill_tok_s", PREFILL_TARGET),
         (f"decode tok/s ({output_len} tokens, greedy)", "decode_tok_s", DECODE_TARGET),
@@ -92,13 +99,22 @@ def bench_generate(
         goal = "" if target is None else f">= {target}x"
         met = "" if ref is None or target is None else ("yes" if ours / ref >= target else "NO")
         table.add_row(label, f"{ours:.1f}", "-" if ref is None else f"{ref:.1f}", ratio, goal, met)
+        if peer_result is not None:
+            lc = peer_result[key]
+            peer_table.add_row(label, f"{ours:.1f}", f"{lc:.1f}", f"{ours / lc:.2f}x")
     console.print(table)
+    if peer_result is None:
+        console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
+    else:
+        console.print(peer_table)
+    console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
         "first token; decode = (N-1)/(last token - first token) of one greedy request, prefix "
         "caching off. HF: prefill = median time of one forward on the prompt (use_cache=True); "
         "decode = (N-1)/(t(generate N) - t(generate 1)), min_new_tokens = max_new_tokens. "
-        "Same GGUF, same prompt ids; HF float32, ours LlamaModel.from_loaded (decode-size "
-        "projections on the GGUF's exact quantized blocks). Peak RSS = each side's process, "
-        "model load included."
+        "Same GGUF, same prompt ids; HF float32, ours LlamaModel.from_loaded (every "
+        "projection on the GGUF's memory-mapped quantized blocks). Peak RSS = each side's process, "
+        "model load included. llama.cpp: llama-cpp-python on the same GGUF and thread count, "
+        "prefill = median time of evaluating the prompt, decode = greedy argmax of its logits."
     )

@@ -4,16 +4,7 @@
 ``paged_attention_prefill`` run over the page pool; ``merge_states`` combines partial states.
 """
 
-import os
-
-# Numba's parallel kernels run on GNU OpenMP, whose idle threads spin ~300k iterations after each
-# parallel region by default. Between two kernels the model calls OpenBLAS, whose own threads
-# then share the cores with those spinning ones: batched steps ran ~1.4x slower. A short spin
-# keeps back-to-back kernels (single-stream decode) as fast and lets BLAS have the cores.
-# Read when libgomp starts (the first parallel kernel), so it must be set here, before any runs;
-# a value the user set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-
+from pagedattn.kernels.gomp import start_numba_threads
 from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged import (
     paged_attention_decode,
@@ -21,6 +12,9 @@ from pagedattn.kernels.paged import (
     write_kv,
 )
 from pagedattn.kernels.reference import reference_attention, visible_mask
+
+# Before any parallel kernel runs (libgomp reads its spin count once): see kernels/gomp.py.
+start_numba_threads()
 
 __all__ = [
     "merge_states",

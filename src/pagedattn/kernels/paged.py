@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -33,20 +32,28 @@ from pagedattn.kernels.paged_checks import (
 F32Array = npt.NDArray[np.float32]
 PREFILL_BLOCK_ROWS = 32  # query rows sharing each page tile (x group = vector lanes)
 SPLIT_MIN_KEYS = 512  # a decode split (flash-decoding) covers at least this many keys
+MAX_SPLITS = 8  # splits of one sequence's keys in decode
 
 
-def decode_splits(num_items: int, max_context: int, sliding_window: int | None) -> int:
-    """How many key slices each (sequence, kv head) of a decode batch is cut into.
+def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDArray[np.int32]:
+    """How many key slices each sequence's decode attention is cut into (flash-decoding,
+    Dao et al. 2023): one per SPLIT_MIN_KEYS keys it attends over, at most MAX_SPLITS.
 
-    Small batches give fewer (sequence, kv head) items than ~4 per thread; splitting the keys
-    (flash-decoding, Dao et al. 2023) keeps every core busy; the partial states are then
-    merged with :func:`merge_states`. Large batches are not split (bitwise-stable outputs).
+    Chosen from each sequence's own length only (never the batch size or thread count), so a
+    sequence's attention output is bitwise the same alone or inside any batch; the partial
+    states are merged with :func:`merge_states` in split order.
+
+    Args:
+        context_lens: (num_seqs,) KV tokens of each sequence.
+        sliding_window: W, or None.
+
+    Returns:
+        (num_seqs,) int32, each in [1, MAX_SPLITS].
     """
-    threads = numba.get_num_threads()
-    if num_items == 0 or num_items >= 4 * threads:
-        return 1
-    keys = max_context if sliding_window is None else min(max_context, sliding_window)
-    return max(1, min(-(-4 * threads // num_items), keys // SPLIT_MIN_KEYS))
+    keys = np.asarray(context_lens, dtype=np.int64)
+    if sliding_window is not None:
+        keys = np.minimum(keys, sliding_window)
+    return np.clip(keys // SPLIT_MIN_KEYS, 1, MAX_SPLITS).astype(np.int32)
 
 
 def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -179,15 +186,18 @@ def paged_attention_decode(
         sliding_window,
         num_sink_tokens,
     )
-    splits = decode_splits(num_seqs * k_cache.shape[1], int(ctx.max(initial=0)), sliding_window)
-    outs = np.empty((splits, *q.shape), np.float32)
-    lses = np.empty((splits, *q.shape[:2]), np.float32)
+    splits = decode_splits(ctx, sliding_window)
+    num_splits = int(splits.max(initial=1))
+    outs = np.empty((num_splits, *q.shape), np.float32)
+    lses = np.empty((num_splits, *q.shape[:2]), np.float32)
     paged_decode_numba.decode_kernel(
-        q, q_sink, k_cache, v_cache, tables, ctx, scale32, window, num_sink_tokens, outs, lses
-    )
+        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens, outs,
+        lses,
+    )  # fmt: skip
     out, lse = outs[0], lses[0]
-    for i in range(1, splits):
-        out, lse = merge_states(out, lse, outs[i], lses[i])
+    for i in range(1, num_splits):  # each sequence merges exactly its own splits, in order
+        rows = np.flatnonzero(splits > i)
+        out[rows], lse[rows] = merge_states(out[rows], lse[rows], outs[i][rows], lses[i][rows])
     return (out, lse) if return_lse else out
 
 

@@ -251,6 +251,7 @@ def decode_kernel(
     v_cache: np.ndarray,
     page_tables: np.ndarray,
     context_lens: np.ndarray,
+    splits: np.ndarray,
     scale: np.float32,
     window: int,
     num_sink: int,
@@ -259,9 +260,10 @@ def decode_kernel(
 ) -> None:
     """One query row per sequence; parallel over (sequence, kv head, split). window <= 0: none.
 
-    out: (num_splits, num_seqs, num_heads, head_dim), lse: (num_splits, num_seqs, num_heads).
-    With num_splits > 1 each split holds the partial state of one slice of the window's keys
-    (split 0 also the sinks), to be merged by log-sum-exp (flash-decoding, Dao et al. 2023).
+    out: (max_splits, num_seqs, num_heads, head_dim), lse: (max_splits, num_seqs, num_heads).
+    Sequence ``s`` is cut into ``splits[s]`` slices of the window's keys (split 0 also holds the
+    sinks), each a partial state to be merged by log-sum-exp (flash-decoding, Dao et al. 2023);
+    entries of splits ``>= splits[s]`` are left unwritten.
     """
     num_splits = out.shape[0]
     num_seqs = q.shape[0]
@@ -270,10 +272,13 @@ def decode_kernel(
         split = item // (num_seqs * num_kv_heads)
         s = (item // num_kv_heads) % num_seqs
         g = item % num_kv_heads
+        own = splits[s]
+        if split >= own:
+            continue
         ctx = context_lens[s]
         sink_end = min(num_sink, ctx)
         rest_start = sink_end if window <= 0 else max(sink_end, ctx - window)
-        chunk = (ctx - rest_start + num_splits - 1) // num_splits
+        chunk = (ctx - rest_start + own - 1) // own
         key_lo = 0 if split == 0 else rest_start + split * chunk
         key_hi = min(ctx, rest_start + (split + 1) * chunk)
         _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale, window,

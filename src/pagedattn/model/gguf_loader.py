@@ -10,6 +10,8 @@ integration does, so our weights are in HF layout and we use HF's rotate-half Ro
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,16 +183,35 @@ def _rope_freq_factors(reader: Any, path: Path, head_dim: int) -> tuple[float, .
     return tuple(float(v) for v in values)
 
 
-def gguf_weights(
-    reader: Any, config: ModelConfig
-) -> tuple[dict[str, np.ndarray], dict[str, BlockQuantized]]:
-    """Dequantize every used tensor to float32, renamed to HF and with q/k rows un-permuted.
+class LazyWeights(Mapping[str, np.ndarray]):
+    """Float32 tensors by HF name; quantized ones are dequantized only when looked up (each
+    lookup returns a fresh array: nothing keeps a float32 copy of a quantized matrix alive)."""
 
-    Also returns the Q4_0 / Q4_1 / Q8_0 matrices in their exact block form (same rows order),
-    whose ``dequantize()`` equals the float32 weight bit for bit (see :mod:`.quantized`).
+    def __init__(self, arrays: dict[str, np.ndarray], lazy: dict[str, Callable[[], np.ndarray]]):
+        self._arrays = arrays
+        self._lazy = lazy
 
-    Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-    K-quants...).
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._arrays:
+            return self._arrays[name]
+        return self._lazy[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._arrays
+        yield from self._lazy
+
+    def __len__(self) -> int:
+        return len(self._arrays) + len(self._lazy)
+
+
+def gguf_weights(reader: Any, config: ModelConfig) -> tuple[LazyWeights, dict[str, BlockQuantized]]:
+    """Every used tensor, renamed to HF and with q/k rows un-permuted, without dequantizing.
+
+    Q4_0 / Q4_1 / Q8_0 matrices come back in block form (views of the memory-mapped file; q/k
+    rows reordered into a copy), whose ``dequantize()`` equals the float32 weight bit for bit
+    (see :mod:`.quantized`); the float32 mapping holds the other tensors and dequantizes a
+    quantized one only when it is looked up. Handles every type ``gguf.quants.dequantize``
+    knows (F32, F16, BF16, Q8_0, Q4_0, Q4_1, K-quants...).
 
     Raises:
         ValueError: a tensor type the ``gguf`` package cannot dequantize, or a tensor a Llama
@@ -199,8 +220,21 @@ def gguf_weights(
     """
     from gguf.quants import dequantize
 
-    weights: dict[str, np.ndarray] = {}
+    def to_float(tensor: Any, num_heads: int | None) -> np.ndarray:
+        try:
+            w = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ValueError(
+                f"tensor {tensor.name!r}: type {tensor.tensor_type.name} is not supported"
+            ) from exc
+        # GGUF lists dims fastest-first; numpy wants them slowest-first.
+        w = np.asarray(w, dtype=np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
+        return np.ascontiguousarray(w if num_heads is None else reverse_permute(w, num_heads))
+
+    arrays: dict[str, np.ndarray] = {}
+    lazy: dict[str, Callable[[], np.ndarray]] = {}
     quantized: dict[str, BlockQuantized] = {}
+    heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         if tensor.name == ROPE_FREQS:
@@ -210,27 +244,19 @@ def gguf_weights(
                 f"unsupported GGUF tensor {tensor.name!r} (not part of a {config.architecture} "
                 "forward this loader runs); refusing to ignore it"
             )
-        try:
-            w = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise ValueError(
-                f"tensor {tensor.name!r}: type {tensor.tensor_type.name} is not supported"
-            ) from exc
-        # GGUF lists dims fastest-first; numpy wants them slowest-first.
-        w = np.asarray(w, dtype=np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
-        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
         num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
-        if num_heads is not None:
-            w = reverse_permute(w, num_heads)
-        weights[name] = np.ascontiguousarray(w)
+        shape = tuple(int(d) for d in tensor.shape[::-1])
         kind = tensor.tensor_type.name
-        if kind in QUANTIZED_TYPES and w.ndim == 2 and w.shape[1] % 32 == 0:
-            block = from_gguf_blocks(tensor.data, kind, (w.shape[0], w.shape[1]))
+        if kind in QUANTIZED_TYPES and len(shape) == 2 and shape[1] % 32 == 0:
+            block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
             if num_heads is not None:
-                rows = reverse_permute(np.arange(w.shape[0])[:, None], num_heads)[:, 0]
+                rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
                 block = block.take_rows(rows)
             quantized[name] = block
-    return weights, quantized
+            lazy[name] = partial(to_float, tensor, num_heads)
+        else:
+            arrays[name] = to_float(tensor, num_heads)
+    return LazyWeights(arrays, lazy), quantized
 
 
 def gguf_tokenizer_metadata(reader: Any) -> dict[str, Any]:

@@ -20,82 +20,56 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.attention_mass import page_attention_mass
-from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill, write_kv
+from pagedattn.kernels.paged import paged_attention_decode, write_kv
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
+from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.forward_batch import ForwardBatch
-from pagedattn.model.quantized import BlockQuantized, qmatmul
-from pagedattn.model.weights import check_weights
+from pagedattn.model.quantized import BlockQuantized, Matrix, dequantize_rows, qmatmul
+from pagedattn.model.row_ops import rms_norm, silu_mul
+from pagedattn.model.weights import check_weights, expected_weight_shapes
 
 if TYPE_CHECKING:
     from pagedattn.model.loader import LoadedModel
 
-# Up to this many rows, a projection with block-quantized weights runs the int8 Numba kernel
-# (reads 4x fewer bytes: decode is bandwidth-bound); more rows go to float32 BLAS GEMM.
-QUANTIZED_MAX_ROWS = 4
-
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's weights, packed once at load time for copy-free BLAS calls."""
+    """One decoder layer's weights: norms in float32, every linear (out, in) in its stored form
+    (GGUF blocks, or float32 for float checkpoints), never copied or dequantized."""
 
     attn_norm: np.ndarray  # (H,)
-    w_qkv_t: np.ndarray  # (H, (nh + 2 * nkv) * D): [q | k | v] columns, x @ w_qkv_t
-    w_o_t: np.ndarray  # (nh * D, H)
+    qkv: tuple[Matrix, Matrix, Matrix]  # q (nh * D, H), k (nkv * D, H), v (nkv * D, H)
+    o: Matrix  # (H, nh * D)
     mlp_norm: np.ndarray  # (H,)
-    w_gate_up_t: np.ndarray  # (H, 2 * I): [gate | up] columns
-    w_down_t: np.ndarray  # (I, H)
-    q_qkv: BlockQuantized | None  # ((nh + 2 nkv) * D, H) same matrix in exact block form
-    q_o: BlockQuantized | None  # (H, nh * D)
-    q_gate_up: BlockQuantized | None  # (2 I, H)
-    q_down: BlockQuantized | None  # (H, I)
-
-
-def linear(x: np.ndarray, w_t: np.ndarray, w_q: BlockQuantized | None) -> np.ndarray:
-    """``x @ w_t`` (x: (T, in), w_t: (in, out) float32), via the block-quantized copy ``w_q``
-    of the same matrix when there is one and T <= QUANTIZED_MAX_ROWS. Returns (T, out) float32."""
-    if w_q is not None and x.shape[0] <= QUANTIZED_MAX_ROWS:
-        return qmatmul(x, w_q)
-    out: np.ndarray = x @ w_t
-    return out
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)`` over the last axis, float32.
-
-    Args:
-        x: (num_tokens, hidden) float32.
-        weight: (hidden,) float32.
-        eps: added to the mean square.
-
-    Returns:
-        A new (num_tokens, hidden) float32 array.
-    """
-    mean_sq = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[1])  # (T, 1)
-    inv = 1.0 / np.sqrt(mean_sq + np.float32(eps))  # (T, 1)
-    out: np.ndarray = (x * inv) * weight  # (T, H)
-    return out
-
-
-def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """``silu(gate) * up`` with ``silu(g) = g * sigmoid(g)``, sigmoid via tanh (no overflow)."""
-    out = np.tanh(gate * np.float32(0.5))  # (T, I)
-    out += np.float32(1.0)
-    out *= np.float32(0.5)  # sigmoid(gate)
-    out *= gate
-    out *= up
-    return out
+    gate_up: tuple[Matrix, Matrix]  # gate (I, H), up (I, H)
+    down: Matrix  # (H, I)
 
 
 class LlamaModel:
     """A Llama-architecture decoder whose attention runs on the paged KV pool.
 
+    Every linear layer, the LM head and the embedding lookup read the weights in the form the
+    checkpoint stores them: GGUF Q4_0 / Q4_1 / Q8_0 blocks (``quantized``) decoded one row at
+    a time inside :func:`~pagedattn.model.quantized.qmatmul`, float32 arrays otherwise; no
+    float32 copy of a quantized matrix is ever made.
+
+    Batch invariance (the default NumPy backend): a token's logits are bitwise the same
+    whether its sequence runs alone or in any batch, decode-only or mixed with prefill
+    chunks. Every per-token operation goes through one code path whatever the batch: the
+    projections are :func:`qmatmul` (one fixed dot product per (token, output)), RMSNorm and
+    SwiGLU loop per row, RoPE and the residual adds are elementwise, decode rows (sequences
+    with one new token) always use :func:`paged_attention_decode` with splits chosen from the
+    sequence's own length, and prefill rows use :func:`paged_attention_prefill`, whose tiles
+    hold rows of one sequence only. What does depend on scheduling: a prompt's results depend
+    on how it is cut into chunks (rows of a chunk share prefill tiles of 32 rows counted from
+    the chunk's start), which the scheduler fixes from the prompt's own length.
+
     Args:
         config: model shape and numerics.
         weights: float32 tensors by Hugging Face name, (out, in) linears, q/k rows in HF
-            (rotate-half) order, as returned by :func:`pagedattn.model.loader.load_model`.
-        quantized: optional exact block forms of the same matrices (``LoadedModel.quantized``);
-            used for steps of at most QUANTIZED_MAX_ROWS tokens, where they give the same
-            logits to float32 rounding while reading 4x fewer bytes.
+            (rotate-half) order; those present in ``quantized`` are not read (a lazy mapping,
+            as :func:`pagedattn.model.loader.load_model` returns, never dequantizes them).
+        quantized: exact block forms (``LoadedModel.quantized``), used instead of ``weights``.
 
     Raises:
         ValueError: a missing tensor or one whose shape disagrees with ``config``.
@@ -104,60 +78,54 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, np.ndarray],
+        weights: Mapping[str, np.ndarray],
         quantized: Mapping[str, BlockQuantized] | None = None,
     ) -> None:
-        check_weights(config, weights, "LlamaModel weights")
+        blocks = dict(quantized or {})
+        stored: dict[str, Matrix] = {
+            n: blocks[n] if n in blocks else weights[n]
+            for n in expected_weight_shapes(config)
+            if n in blocks or n in weights
+        }
+        check_weights(config, stored, "LlamaModel weights")
         self.config = config
-        quantized = quantized or {}
 
-        def fused(*names: str) -> BlockQuantized | None:
-            """Block form of the row-concatenation of ``names``, if every part has one."""
-            if not all(n in quantized for n in names):
-                return None
-            return BlockQuantized.concat([quantized[n] for n in names])
+        def matrix(name: str) -> Matrix:
+            if name in blocks:
+                return blocks[name]
+            return np.ascontiguousarray(weights[name], dtype=np.float32)
 
         def f32(name: str) -> np.ndarray:
             return np.ascontiguousarray(weights[name], dtype=np.float32)
 
-        self.embed = f32("model.embed_tokens.weight")  # (V, H)
-        head = self.embed if config.tie_word_embeddings else f32("lm_head.weight")  # (V, H)
-        self.lm_head_t = head.T  # (H, V) view: logits = h @ lm_head_t (BLAS transposes in place)
-        head_name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.q_lm_head = fused(head_name)  # (V, H) block form, or None
+        self.embed = matrix("model.embed_tokens.weight")  # (V, H)
+        self.lm_head = (
+            self.embed if config.tie_word_embeddings else matrix("lm_head.weight")
+        )  # (V, H)
         self.final_norm = f32("model.norm.weight")  # (H,)
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
-            qkv = np.concatenate(
-                [
-                    f32(p + "self_attn.q_proj.weight"),
-                    f32(p + "self_attn.k_proj.weight"),
-                    f32(p + "self_attn.v_proj.weight"),
-                ]
-            )  # ((nh + 2 nkv) * D, H)
-            gate_up = np.concatenate(
-                [f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")]
-            )  # (2 I, H)
             self.layers.append(
                 _Layer(
                     attn_norm=f32(p + "input_layernorm.weight"),
-                    w_qkv_t=np.ascontiguousarray(qkv.T),
-                    w_o_t=np.ascontiguousarray(f32(p + "self_attn.o_proj.weight").T),
+                    qkv=(
+                        matrix(p + "self_attn.q_proj.weight"),
+                        matrix(p + "self_attn.k_proj.weight"),
+                        matrix(p + "self_attn.v_proj.weight"),
+                    ),
+                    o=matrix(p + "self_attn.o_proj.weight"),
                     mlp_norm=f32(p + "post_attention_layernorm.weight"),
-                    w_gate_up_t=np.ascontiguousarray(gate_up.T),
-                    w_down_t=np.ascontiguousarray(f32(p + "mlp.down_proj.weight").T),
-                    q_qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
-                    q_o=fused(p + "self_attn.o_proj.weight"),
-                    q_gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                    q_down=fused(p + "mlp.down_proj.weight"),
+                    gate_up=(matrix(p + "mlp.gate_proj.weight"), matrix(p + "mlp.up_proj.weight")),
+                    down=matrix(p + "mlp.down_proj.weight"),
                 )
             )
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel) -> LlamaModel:
-        """The model of a :func:`pagedattn.model.loader.load_model` result, block-quantized
-        decode path included (prefer this to ``LlamaModel(loaded.config, loaded.weights)``)."""
+        """The model of a :func:`pagedattn.model.loader.load_model` result, reading quantized
+        matrices in block form (prefer this to ``LlamaModel(loaded.config, loaded.weights)``,
+        which would dequantize them)."""
         return cls(loaded.config, loaded.weights, loaded.quantized)
 
     def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int, int, int]:
@@ -176,6 +144,51 @@ class LlamaModel:
                 f"got {kv.dtype} {kv.shape}"
             )
 
+    @staticmethod
+    def _decode_with_mass(
+        batch: ForwardBatch,
+        q: np.ndarray,
+        q_sink: np.ndarray | None,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        attention_mass: np.ndarray,
+    ) -> np.ndarray:
+        """Decode attention (the same kernel and splits as the default path) that also adds to
+        ``attention_mass`` (float32 ``batch.page_tables.shape``) the softmax mass each page's
+        keys received, summed over heads (:mod:`pagedattn.kernels.attention_mass`); ``batch``
+        is a decode step (checked by :meth:`forward`).
+        """
+        attn, lse = paged_attention_decode(
+            q,
+            k_cache,
+            v_cache,
+            batch.page_tables,
+            batch.context_lens,
+            sliding_window=batch.sliding_window,
+            num_sink_tokens=batch.num_sink_tokens,
+            q_sink=q_sink,
+            return_lse=True,
+        )  # (T, nh, D), (T, nh)
+        attention_mass += page_attention_mass(
+            q,
+            k_cache,
+            batch.page_tables,
+            batch.context_lens,
+            lse,
+            sliding_window=batch.sliding_window,
+            num_sink_tokens=batch.num_sink_tokens,
+            q_sink=q_sink,
+        )  # (num_seqs, max_pages_per_seq)
+        out: np.ndarray = attn
+        return out
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        """(T, H) float32 embedding rows of ``ids``."""
+        if isinstance(self.embed, BlockQuantized):
+            return dequantize_rows(self.embed, ids)
+        out: np.ndarray = self.embed[ids]
+        return out
+
     def forward(
         self, batch: ForwardBatch, kv: np.ndarray, attention_mass: np.ndarray | None = None
     ) -> np.ndarray:
@@ -191,7 +204,8 @@ class LlamaModel:
                 default) leaves the attention path as it is.
 
         Returns:
-            (len(batch.logits_indices), vocab_size) float32 logits of the requested rows.
+            (len(batch.logits_indices), vocab_size) float32 logits of the requested rows; each
+            row bitwise independent of the rest of the batch (see the class docstring).
 
         Raises:
             ValueError: a KV pool of the wrong shape/dtype, token ids outside the vocabulary,
@@ -215,10 +229,11 @@ class LlamaModel:
         sink_cos_sin = None
         if batch.sink_positions is not None:
             sink_cos_sin = rope_cos_sin(batch.sink_positions, D, c.rope_theta, c.rope_freq_factors)
-        x = self.embed[ids]  # (T, H)
+        split = AttentionSplit(batch)
+        x = self._embed(ids)  # (T, H)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)
-            qkv = linear(h, layer.w_qkv_t, layer.q_qkv)  # (T, (nh + 2 nkv) * D)
+            qkv = qmatmul(h, *layer.qkv)  # (T, (nh + 2 nkv) * D)
             q = qkv[:, : nh * D].reshape(T, nh, D)  # (T, nh, D) un-rotated
             k = qkv[:, nh * D : (nh + nkv) * D].reshape(T, nkv, D)  # (T, nkv, D)
             v = np.ascontiguousarray(qkv[:, (nh + nkv) * D :]).reshape(T, nkv, D)  # (T, nkv, D)
@@ -227,50 +242,17 @@ class LlamaModel:
             q_sink = None if sink_cos_sin is None else apply_rope_cos_sin(q, *sink_cos_sin)
             k_cache, v_cache = kv[li, 0], kv[li, 1]  # (num_pages, nkv, page_size, D) each
             write_kv(k_cache, v_cache, k_rot, v, batch.slot_mapping)
-            if batch.is_decode:
-                attn = paged_attention_decode(
-                    q_rot,
-                    k_cache,
-                    v_cache,
-                    batch.page_tables,
-                    batch.context_lens,
-                    sliding_window=batch.sliding_window,
-                    num_sink_tokens=batch.num_sink_tokens,
-                    q_sink=q_sink,
-                    return_lse=attention_mass is not None,
-                )  # (num_seqs = T, nh, D) [, lse (T, nh)]
-                if attention_mass is not None:
-                    assert isinstance(attn, tuple)
-                    attn, lse = attn
-                    attention_mass += page_attention_mass(
-                        q_rot,
-                        k_cache,
-                        batch.page_tables,
-                        batch.context_lens,
-                        lse,
-                        sliding_window=batch.sliding_window,
-                        num_sink_tokens=batch.num_sink_tokens,
-                        q_sink=q_sink,
-                    )  # (num_seqs, max_pages_per_seq)
-            else:
-                attn = paged_attention_prefill(
-                    q_rot,
-                    k_cache,
-                    v_cache,
-                    batch.page_tables,
-                    batch.query_start_loc,
-                    batch.context_lens,
-                    sliding_window=batch.sliding_window,
-                    num_sink_tokens=batch.num_sink_tokens,
-                    q_sink=q_sink,
-                )  # (T, nh, D)
-            assert isinstance(attn, np.ndarray)
-            x += linear(attn.reshape(T, nh * D), layer.w_o_t, layer.q_o)  # (T, H)
+            if attention_mass is None:
+                attn = split.attention(q_rot, q_sink, k_cache, v_cache)  # (T, nh, D)
+            else:  # opt-in (eval lab): a decode step that also reports the mass per page
+                attn = self._decode_with_mass(
+                    batch, q_rot, q_sink, k_cache, v_cache, attention_mass
+                )
+            x += qmatmul(attn.reshape(T, nh * D), layer.o)  # (T, H)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)  # (T, H)
-            gate_up = linear(h, layer.w_gate_up_t, layer.q_gate_up)  # (T, 2 I)
-            inter = c.intermediate_size
-            act = silu_mul(gate_up[:, :inter], gate_up[:, inter:])  # (T, I)
-            x += linear(act, layer.w_down_t, layer.q_down)  # (T, H)
+            gate_up = qmatmul(h, *layer.gate_up)  # (T, 2 I)
+            act = silu_mul(gate_up)  # (T, I)
+            x += qmatmul(act, layer.down)  # (T, H)
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
         rows = rms_norm(rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
-        return linear(rows, self.lm_head_t, self.q_lm_head)  # (num_outputs, V)
+        return qmatmul(rows, self.lm_head)  # (num_outputs, V)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,17 +43,19 @@ class LoadedModel:
         config: shapes and numerics.
         weights: float32 tensors by Hugging Face name (``model.layers.0.self_attn.q_proj.weight``
             ...), linear weights as (out_features, in_features); q/k in HF (rotate-half) order.
+            For a GGUF a lazy mapping: a quantized tensor is dequantized only when looked up.
         tokenizer: the model's tokenizer and chat template.
         fingerprint: ``"xxh3_128:<hex>"`` digest of the model file bytes (a GGUF holds its
             tokenizer; a folder's digest covers config, weights and tokenizer files), part of
             the prefix-cache namespace.
         source: the file or folder it was loaded from.
         quantized: GGUF Q4_0/Q4_1/Q8_0 matrices in exact block form, by HF name (a subset of
-            ``weights``; empty for float checkpoints). LlamaModel uses them for decode steps.
+            ``weights``, viewing the memory-mapped file; empty for float checkpoints).
+            LlamaModel multiplies with them directly.
     """
 
     config: ModelConfig
-    weights: dict[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]
     tokenizer: Tokenizer
     fingerprint: str
     source: Path
@@ -77,9 +80,8 @@ def _load_gguf(path: Path) -> LoadedModel:
     reader = open_gguf(path)
     config = gguf_config(reader, path)
     expected = expected_weight_shapes(config)
-    weights, quantized = gguf_weights(reader, config)
-    check_weights(config, weights, str(path))
-    weights = {k: v for k, v in weights.items() if k in expected}
+    weights, quantized = gguf_weights(reader, config)  # nothing dequantized yet
+    check_weights(config, {k: quantized.get(k) or weights[k] for k in weights}, str(path))
     quantized = {k: v for k, v in quantized.items() if k in expected}
     tokenizer = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(reader))
     return LoadedModel(config, weights, tokenizer, file_fingerprint([path]), path, quantized)

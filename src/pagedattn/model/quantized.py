@@ -1,13 +1,19 @@
-"""Block-quantized weight matrices kept in their exact GGUF form, and a Numba matmul over them.
+"""Block-quantized weight matrices kept as the GGUF's own bytes, and a Numba matmul over them.
 
 A GGUF Q4_0 / Q4_1 / Q8_0 matrix is, per block of 32 inputs, ``w = scale * code + offset`` with
-float16 ``scale``/``offset`` and small integer codes (ggml ``ggml-quants.c``; the ``gguf``
-package's ``dequantize_blocks`` computes exactly ``scale * code + offset`` in float32). Keeping
-the int8 codes instead of the float32 products reads 4x fewer bytes per decode step, the
-bottleneck of single-stream decoding, while computing the same sums:
-``y = sum_b (scale_b * sum_j code_j x_j + offset_b * sum_j x_j)`` (as llama.cpp's ``vec_dot``
-kernels do, but with float32 activations, so results agree with the dequantized float32 model to
-float32 rounding).
+float16 ``scale``/``offset`` and small integer codes (ggml ``ggml-common.h`` ``block_q4_0``,
+``block_q4_1``, ``block_q8_0``; the ``gguf`` package's ``dequantize`` computes exactly
+``scale * code + offset`` in float32). :class:`BlockQuantized` keeps the raw blocks (a view of
+the memory-mapped file where possible: 0.56-1.06 bytes per weight, never a float32 copy) and
+:func:`qmatmul` decodes one output row at a time into a float32 scratch row (bit-identical to
+``gguf.quants.dequantize``: ``scale * code`` is exact in float32, so a fused multiply-add rounds
+the same way) which every input row then meets in one dot product.
+
+Batch invariance: ``out[t, n]`` is the same dot product of ``x[t]`` with decoded row ``n``
+whatever the number of rows ``t`` in the call and wherever row ``t`` sits; the dot's
+vectorisation is fixed when the kernel compiles (it depends on ``in_features`` and the host's
+instruction set, never on the data or the batch), so a token's result is bitwise the same alone
+or inside any batch.
 """
 
 from __future__ import annotations
@@ -17,55 +23,65 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
+
 BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
-SUPPORTED = ("Q4_0", "Q4_1", "Q8_0")
+# bytes per block: f16 scale (+ f16 offset for Q4_1) and the codes (4-bit pairs or int8)
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+SUPPORTED = tuple(BLOCK_BYTES)
+_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+ROWS_PER_TASK = 16  # output rows one thread decodes and applies to every input row
+ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
 
 
 @dataclass(frozen=True)
 class BlockQuantized:
-    """``w[n, 32 b + j] = scale[n, b] * codes[n, 32 b + j] + offset[n, b]`` in float32.
+    """A (out_features, in_features) matrix as GGUF blocks: row ``n`` is ``blocks[n]``.
 
     Attributes:
-        codes: (out_features, in_features) int8.
-        scale: (out_features, in_features // 32) float32.
-        offset: (out_features, in_features // 32) float32 (zeros for symmetric types).
+        blocks: (out_features, in_features // 32 * BLOCK_BYTES[type_name]) uint8 rows exactly as
+            in the file (a read-only view of the memory-mapped GGUF where rows keep their order).
+        type_name: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
+        scale: (out_features, in_features // 32) float32, each block's float16 scale, exactly.
+        offset: (out_features, in_features // 32) float32: Q4_1's float16 minimum, Q4_0's
+            ``-8 * scale`` (its codes are stored + 8), zeros for Q8_0.
     """
 
-    codes: np.ndarray
+    blocks: np.ndarray
+    type_name: str
     scale: np.ndarray
     offset: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+        return (int(self.blocks.shape[0]), int(self.scale.shape[1]) * BLOCK)
+
+    @property
+    def kind(self) -> int:
+        return _KIND[self.type_name]
 
     def dequantize(self) -> np.ndarray:
-        """(out_features, in_features) float32, computed as ggml does (scale * code + offset)."""
-        n, k = self.shape
-        codes = self.codes.reshape(n, k // BLOCK, BLOCK).astype(np.float32)  # (N, K/32, 32)
-        w = self.scale[:, :, None] * codes + self.offset[:, :, None]  # (N, K/32, 32)
-        out: np.ndarray = w.reshape(n, k)
-        return out
+        """(out_features, in_features) float32, bit-identical to ``gguf.quants.dequantize``."""
+        return dequantize_rows(self, np.arange(self.shape[0]))
 
     def take_rows(self, rows: np.ndarray) -> BlockQuantized:
-        """The matrix with its output rows reordered (e.g. to undo llama.cpp's q/k permutation)."""
-        return BlockQuantized(self.codes[rows], self.scale[rows], self.offset[rows])
-
-    @staticmethod
-    def concat(parts: list[BlockQuantized]) -> BlockQuantized:
-        """Stack matrices with the same in_features along the output axis (fused projections)."""
+        """The matrix with its output rows reordered (e.g. to undo llama.cpp's q/k permutation);
+        copies the selected rows' blocks."""
         return BlockQuantized(
-            np.ascontiguousarray(np.concatenate([p.codes for p in parts])),
-            np.ascontiguousarray(np.concatenate([p.scale for p in parts])),
-            np.ascontiguousarray(np.concatenate([p.offset for p in parts])),
+            np.ascontiguousarray(self.blocks[rows]),
+            self.type_name,
+            np.ascontiguousarray(self.scale[rows]),
+            np.ascontiguousarray(self.offset[rows]),
         )
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
-    """Split raw GGUF blocks into codes / scale / offset without rounding anything.
+    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`, without copying the codes.
+
+    Only the per-block float16 scales (and Q4_1 minima) are read, into float32 (exact).
 
     Args:
-        raw: uint8 tensor data, (out_features, bytes_per_row) or flat.
+        raw: uint8 tensor data, (out_features, bytes_per_row) or flat (e.g. the reader's memmap).
         type_name: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
         shape: (out_features, in_features); in_features a multiple of 32.
 
@@ -75,84 +91,176 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     if type_name not in SUPPORTED:
         raise ValueError(f"block type {type_name!r} not supported; expected one of {SUPPORTED}")
     n, k = shape
-    header = 4 if type_name == "Q4_1" else 2  # f16 scale (+ f16 offset for Q4_1)
-    payload = BLOCK if type_name == "Q8_0" else BLOCK // 2
-    blocks_per_row = k // BLOCK
-    if k % BLOCK or raw.size != n * blocks_per_row * (header + payload):
+    size = BLOCK_BYTES[type_name]
+    if k % BLOCK or raw.size != n * (k // BLOCK) * size:
         raise ValueError(f"{type_name} data of {raw.size} bytes does not match shape {shape}")
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(n, blocks_per_row, header + payload)
-    scale = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // BLOCK * size)
+    if not blocks.flags.c_contiguous:
+        blocks = np.ascontiguousarray(blocks)
+    per_block = blocks.reshape(n, k // BLOCK, size)
+    scale = per_block[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
     if type_name == "Q4_1":
-        offset = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        offset = per_block[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    elif type_name == "Q4_0":
+        offset = np.float32(-8.0) * scale  # exact: a float16 times 8
     else:
         offset = np.zeros_like(scale)
-    qs = blocks[:, :, header:]  # (N, K/32, payload)
-    if type_name == "Q8_0":
-        codes = qs.view(np.int8)  # (N, K/32, 32)
-    else:  # low nibbles are inputs 0..15 of the block, high nibbles 16..31
-        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int8)  # (N, K/32, 32)
-        codes = nibbles - np.int8(8) if type_name == "Q4_0" else nibbles
-    return BlockQuantized(np.ascontiguousarray(codes.reshape(n, k)), scale, offset)
+    return BlockQuantized(blocks, type_name, scale, offset)
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _decode_row(
+    row: np.ndarray, kind: int, scale: np.ndarray, offset: np.ndarray, w: np.ndarray, half: int
+) -> None:  # pragma: no cover - compiled
+    """w[32 b + j] = scale[b] * code_j + offset[b] for one row of blocks (``kind``: Q4_0 = 0,
+    Q4_1 = 1, Q8_0 = 2; ``half`` = 16, passed at run time so that LLVM's loop vectoriser, not a
+    full unroll, handles the inner loops). 4-bit codes: low nibbles are inputs 0..15 of a
+    block, high nibbles 16..31; Q4_0's ``code - 8`` is folded into ``offset``. No sliced views
+    in the loops (each would touch a reference count)."""
+    if kind == 2:
+        codes = row.view(np.int8)
+        for b in range(scale.shape[0]):
+            o, ob, d = b * 34 + 2, b * 32, scale[b]
+            for j in range(2 * half):
+                w[ob + j] = d * np.float32(codes[o + j])
+        return
+    header = 4 if kind == 1 else 2
+    for b in range(scale.shape[0]):
+        o, ob, d, m = b * (header + half) + header, b * 32, scale[b], offset[b]
+        for j in range(half):
+            q = np.int32(row[o + j])
+            w[ob + j] = d * np.float32(q & np.int32(15)) + m
+            w[ob + half + j] = d * np.float32(q >> np.int32(4)) + m
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:  # pragma: no cover - compiled
+    """sum_k a[k] b[k] in float32; the one reduction every (row, output) pair goes through."""
+    s = np.float32(0.0)
+    for k in range(a.shape[0]):
+        s += a[k] * b[k]
+    return s
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _qmatmul_kernel(
     x: np.ndarray,
-    codes: np.ndarray,
+    blocks: np.ndarray,
+    kind: int,
     scale: np.ndarray,
     offset: np.ndarray,
     out: np.ndarray,
+    half: int,
 ) -> None:  # pragma: no cover - compiled
-    """out[t, n] = sum_b scale[n,b] * (codes[n, block b] . x[t, block b]) + offset[n,b] * xsum[t,b].
-
-    The scaled products are summed into 32 vertical float32 lanes (one per position in the
-    block) and reduced once per row: no horizontal sum per block, so the loop vectorizes.
-    """
+    """out[t, n] = dot(x[t], decoded row n); parallel over tasks of ROWS_PER_TASK output rows.
+    ``half`` = 16 arrives at run time: a literal would let LLVM fully unroll ``_decode_row``'s
+    inner loops instead of vectorising them."""
     num_rows, num_in = x.shape
-    num_out = codes.shape[0]
-    num_blocks = num_in // 32
-    xsum = np.zeros((num_rows, num_blocks), np.float32)  # per-block sums of x (offset term)
-    for t in range(num_rows):
-        for k in range(num_in):
-            xsum[t, k // 32] += x[t, k]
-    num_chunks = (num_out + 63) // 64
-    for chunk in numba.prange(num_chunks):
-        lanes = np.empty(32, np.float32)
-        for n in range(chunk * 64, min(num_out, chunk * 64 + 64)):
-            c = codes[n]
-            for t in range(num_rows):
-                xt = x[t]
-                lanes[:] = 0.0
-                bias = np.float32(0.0)
-                for b in range(num_blocks):
-                    sc = scale[n, b]
-                    base = b * 32
-                    for j in range(32):
-                        lanes[j] += sc * (np.float32(c[base + j]) * xt[base + j])
-                    bias += offset[n, b] * xsum[t, b]
-                total = np.float32(0.0)
-                for j in range(32):
-                    total += lanes[j]
-                out[t, n] = total + bias
+    num_out = blocks.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        n1 = min(num_out, n0 + ROWS_PER_TASK)
+        w = np.empty((ROWS_PER_TASK, num_in), np.float32)
+        for n in range(n0, n1):
+            _decode_row(blocks[n], kind, scale[n], offset[n], w[n - n0], half)
+        for t0 in range(0, num_rows, ROWS_PER_TILE):  # a tile of x stays in L2 for all n
+            for n in range(n0, n1):
+                wn = w[n - n0]
+                for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
+                    out[t, n] = _dot(wn, x[t])
 
 
-def qmatmul(x: np.ndarray, w: BlockQuantized) -> np.ndarray:
-    """``x @ w.T`` for a block-quantized ``w`` (the decode-time projection).
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out[t, n] = dot(x[t], w[n]) for float32 w; the float twin of ``_qmatmul_kernel``."""
+    num_rows = x.shape[0]
+    num_out = w.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        n1 = min(num_out, n0 + ROWS_PER_TASK)
+        for t0 in range(0, num_rows, ROWS_PER_TILE):
+            for n in range(n0, n1):
+                wn = w[n]
+                for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
+                    out[t, n] = _dot(wn, x[t])
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _dequantize_kernel(
+    blocks: np.ndarray,
+    kind: int,
+    scale: np.ndarray,
+    offset: np.ndarray,
+    rows: np.ndarray,
+    out: np.ndarray,
+    half: int,
+) -> None:  # pragma: no cover - compiled
+    for i in numba.prange(rows.shape[0]):
+        n = rows[i]
+        _decode_row(blocks[n], kind, scale[n], offset[n], out[i], half)
+
+
+def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of ``w`` in float32 (embedding lookup), bit-identical to ``gguf``'s values.
+
+    Args:
+        w: (out_features, in_features) block-quantized matrix.
+        rows: (num_rows,) integer indices in ``[0, out_features)``.
+
+    Returns:
+        (num_rows, in_features) float32.
+
+    Raises:
+        ValueError: an index out of range.
+    """
+    idx = np.ascontiguousarray(rows, dtype=np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= w.shape[0]):
+        raise ValueError(
+            f"rows: expected indices in [0, {w.shape[0]}), got {idx.min()}..{idx.max()}"
+        )
+    out = np.empty((idx.size, w.shape[1]), np.float32)
+    _dequantize_kernel(w.blocks, w.kind, w.scale, w.offset, idx, out, BLOCK // 2)
+    return out
+
+
+Matrix = BlockQuantized | np.ndarray  # (out_features, in_features): blocks, or float32
+
+
+def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
+    """``x @ concat(parts).T`` with each ``out[t, n]`` independent of the other rows of ``x``.
+
+    Several parts with the same ``in_features`` (q, k and v; gate and up) share one output
+    array, their columns side by side, without concatenating the weights.
 
     Args:
         x: (num_tokens, in_features) float32.
-        w: (out_features, in_features) block-quantized matrix.
+        parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
+            checkpoints: the same dot product, so float models are batch-invariant too).
 
     Returns:
-        (num_tokens, out_features) float32.
+        (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch.
 
     Raises:
-        ValueError: in_features mismatch.
+        ValueError: no parts, an in_features mismatch, or a float part that is not float32.
     """
-    n, k = w.shape
+    if not parts:
+        raise ValueError("qmatmul: expected at least one weight matrix")
+    k = parts[0].shape[1]
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"x: expected (num_tokens, {k}), got {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty((x.shape[0], n), np.float32)
-    _qmatmul_kernel(x, w.codes, w.scale, w.offset, out)
+    out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
+    col = 0
+    for w in parts:
+        n = w.shape[0]
+        if w.shape[1] != k:
+            raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
+        view = out[:, col : col + n] if len(parts) > 1 else out
+        if isinstance(w, BlockQuantized):
+            _qmatmul_kernel(x, w.blocks, w.kind, w.scale, w.offset, view, BLOCK // 2)
+        else:
+            if w.dtype != np.float32 or w.ndim != 2:
+                raise ValueError(f"weights: expected float32 (out, in), got {w.dtype} {w.shape}")
+            _matmul_kernel(x, np.ascontiguousarray(w), view)
+        col += n
     return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.model.quantized import BlockQuantized
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -36,12 +39,14 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
+def check_weights(
+    config: ModelConfig, weights: Mapping[str, np.ndarray | BlockQuantized], source: str
+) -> None:
     """Check that ``weights`` holds every tensor ``config`` implies, with the right shape.
 
     Args:
         config: the model shape read from the file's metadata.
-        weights: tensors by Hugging Face name (float32 arrays).
+        weights: tensors by Hugging Face name (float32 arrays or GGUF block forms).
         source: the file or folder they came from, quoted in errors.
 
     Raises:

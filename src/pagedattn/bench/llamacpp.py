@@ -1,0 +1,108 @@
+"""llama.cpp (the ``llama_cpp`` package, llama-cpp-python) as a peer in the same bench run:
+same GGUF, same prompt ids, same thread count, greedy, each side in its own process.
+
+Only measured when ``llama_cpp`` is importable (:func:`available`); the CLI prints "not
+measured" otherwise, never stored numbers. Greedy tokens are the argmax of the logits
+llama.cpp returns for the last evaluated token (``Llama.eval`` / ``Llama.scores``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Progress = Callable[[str, int, int], None]
+
+
+def available() -> bool:
+    """True when ``llama_cpp`` can be imported (without importing it)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _load(args: dict[str, Any], n_ctx: int) -> Any:
+    from llama_cpp import Llama
+
+    threads = int(args["threads"])
+    return Llama(
+        model_path=str(args["model_path"]),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+
+
+def _greedy(llm: Any, prompt: Sequence[int], new_tokens: int) -> tuple[float, float, int]:
+    """Evaluate ``prompt`` then decode ``new_tokens`` greedily on a fresh context.
+
+    Returns:
+        (prefill seconds, seconds from the first to the last generated token, tokens made).
+    """
+    import numpy as np
+
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(list(prompt))
+    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    first = time.perf_counter()
+    made = 1
+    while made < new_tokens:
+        llm.eval([token])
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        made += 1
+    return first - start, time.perf_counter() - first, made
+
+
+def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Single stream: median prefill of ``repeats`` prompt evaluations, then one greedy decode.
+
+    Args (JSON): ``model_path`` (a .gguf), ``prompt_ids``, ``output_len``, ``repeats``,
+        ``threads``.
+    """
+    prompt, output_len, repeats = list(args["prompt_ids"]), int(args["output_len"]), args["repeats"]
+    llm = _load(args, len(prompt) + output_len + 8)
+    total = repeats + 2
+    _greedy(llm, prompt[:32], 3)
+    progress("llama.cpp warm-up", 1, total)
+    times = []
+    for i in range(repeats):
+        times.append(_greedy(llm, prompt, 1)[0])
+        progress("llama.cpp prefill", i + 2, total)
+    _, decode_s, made = _greedy(llm, prompt, output_len)
+    progress("llama.cpp decode", total, total)
+    prefill_s = statistics.median(times)
+    return {
+        "prefill_tok_s": len(prompt) / prefill_s,
+        "decode_tok_s": (made - 1) / decode_s,
+        "prefill_s": prefill_s,
+        "generated": made,
+    }
+
+
+def measure_engine(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """The engine bench's requests one after another (llama-cpp-python's ``Llama`` runs one
+    sequence at a time; llama.cpp's own batched runs need ``llama-batched-bench``).
+
+    Args (JSON): ``model_path``, ``prompts``, ``output_len``, ``threads``.
+    """
+    prompts, output_len = args["prompts"], int(args["output_len"])
+    llm = _load(args, max(len(p) for p in prompts) + output_len + 8)
+    _greedy(llm, prompts[0][:20], 2)
+    start = time.perf_counter()
+    generated = 0
+    for i, p in enumerate(prompts):
+        generated += _greedy(llm, p, output_len)[2]
+        progress("llama.cpp (sequential)", i + 1, len(prompts))
+    elapsed = time.perf_counter() - start
+    return {
+        "main": {
+            "elapsed_s": elapsed,
+            "generated_tok_s": generated / elapsed,
+            "requests_s": len(prompts) / elapsed,
+            "generated": generated,
+        }
+    }

@@ -1,0 +1,100 @@
+"""Route each sequence of a batch to the attention kernel its own step calls for.
+
+A sequence with one new token (a decode row, or a one-token prompt chunk) always goes through
+:func:`~pagedattn.kernels.paged.paged_attention_decode`, one with more through
+:func:`~pagedattn.kernels.paged.paged_attention_prefill`, whatever else shares the batch: the
+two kernels round differently, so a decode row computed by the prefill kernel in a mixed batch
+would differ (by ~1e-7) from the same row in a decode-only batch (batch invariance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill
+from pagedattn.model.forward_batch import ForwardBatch
+
+
+class AttentionSplit:
+    """The decode / prefill partition of one ForwardBatch, computed once per forward.
+
+    Args:
+        batch: the step's batch.
+    """
+
+    def __init__(self, batch: ForwardBatch) -> None:
+        self.batch = batch
+        qsl = np.asarray(batch.query_start_loc, dtype=np.int64)
+        q_lens = np.diff(qsl)
+        single = q_lens == 1
+        self.decode_seqs = np.flatnonzero(single)  # sequences with one new token
+        self.decode_rows = qsl[:-1][single]  # (num_decode,) their flat rows
+        self.prefill_seqs = np.flatnonzero(~single & (q_lens > 0))
+        lens = q_lens[self.prefill_seqs]
+        self.prefill_qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        self.prefill_rows = np.concatenate(
+            [np.arange(qsl[s], qsl[s + 1]) for s in self.prefill_seqs] or [np.zeros(0, np.int64)]
+        )
+
+    def attention(
+        self, q: np.ndarray, q_sink: np.ndarray | None, k_cache: np.ndarray, v_cache: np.ndarray
+    ) -> np.ndarray:
+        """(num_tokens, num_heads, head_dim) float32 attention of every new token.
+
+        Args:
+            q: (num_tokens, num_heads, head_dim) float32 rotated queries.
+            q_sink: None, or like ``q``: queries rotated to their in-cache positions for sink keys.
+            k_cache, v_cache: one layer's (num_pages, num_kv_heads, page_size, head_dim) pool.
+        """
+        b = self.batch
+        if self.decode_seqs.size == b.num_seqs:  # decode-only step: rows are sequences, in order
+            return self._decode(q, q_sink, k_cache, v_cache, b.page_tables, b.context_lens)
+        if self.decode_seqs.size == 0:
+            return self._prefill(
+                q, q_sink, k_cache, v_cache, b.page_tables, b.query_start_loc, b.context_lens
+            )
+        out = np.empty(q.shape, np.float32)
+        d, p = self.decode_rows, self.prefill_rows
+        ds, ps = self.decode_seqs, self.prefill_seqs
+        out[d] = self._decode(
+            q[d], None if q_sink is None else q_sink[d], k_cache, v_cache,
+            b.page_tables[ds], b.context_lens[ds],
+        )  # fmt: skip
+        out[p] = self._prefill(
+            q[p], None if q_sink is None else q_sink[p], k_cache, v_cache,
+            b.page_tables[ps], self.prefill_qsl, b.context_lens[ps],
+        )  # fmt: skip
+        return out
+
+    def _decode(
+        self,
+        q: np.ndarray,
+        q_sink: np.ndarray | None,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        page_tables: np.ndarray,
+        context_lens: np.ndarray,
+    ) -> np.ndarray:
+        out = paged_attention_decode(
+            q, k_cache, v_cache, page_tables, context_lens, q_sink=q_sink,
+            sliding_window=self.batch.sliding_window, num_sink_tokens=self.batch.num_sink_tokens,
+        )  # fmt: skip
+        assert isinstance(out, np.ndarray)
+        return out
+
+    def _prefill(
+        self,
+        q: np.ndarray,
+        q_sink: np.ndarray | None,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        page_tables: np.ndarray,
+        query_start_loc: np.ndarray,
+        context_lens: np.ndarray,
+    ) -> np.ndarray:
+        out = paged_attention_prefill(
+            q, k_cache, v_cache, page_tables, query_start_loc, context_lens, q_sink=q_sink,
+            sliding_window=self.batch.sliding_window, num_sink_tokens=self.batch.num_sink_tokens,
+        )  # fmt: skip
+        assert isinstance(out, np.ndarray)
+        return out
