@@ -1,0 +1,119 @@
+"""Array backends: which array library (and device) holds the page pool and runs the model.
+
+The engine, scheduler and cache manager deal only in page ids, page tables and token ids; a
+backend owns everything that touches device arrays: the page pool's storage, ``write_kv``, paged
+attention and the model's dense work. Only token ids, tables and logits / sampled ids cross
+between the host and the device.
+
+| backend | devices | what it is |
+|---|---|---|
+| ``numpy`` | ``cpu`` | NumPy + Numba kernels; the default and the reference |
+| ``torch`` | ``cpu``, ``cuda`` | PyTorch (pinned ``torch==2.13.0``, the ``torch`` extra) |
+| ``cupy`` | ``cuda`` | CuPy, through the array namespace |
+
+:func:`resolve_backend` validates a (backend, device) pair and that its library and device exist,
+and raises :class:`BackendError` with one line saying what to install or choose otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+BACKENDS = ("numpy", "torch", "cupy")
+DEVICES: dict[str, tuple[str, ...]] = {
+    "numpy": ("cpu",),
+    "torch": ("cpu", "cuda"),
+    "cupy": ("cuda",),
+}
+DEFAULT_DEVICE = {"numpy": "cpu", "torch": "cpu", "cupy": "cuda"}
+_INSTALL = {
+    "numpy": "pip install numpy",
+    "torch": "pip install 'pagedattn[torch]' (torch==2.13.0)",
+    "cupy": "pip install cupy-cuda12x (needs an NVIDIA GPU and CUDA 12)",
+}
+
+
+class BackendError(ValueError):
+    """An unknown backend or device, an invalid pair, or a library / device that is missing.
+
+    The message is one line naming what was asked and what to install or choose instead.
+    """
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A validated (backend, device) pair, e.g. ``BackendSpec("torch", "cuda")``."""
+
+    name: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.device}"
+
+
+def validate_backend(name: str = "numpy", device: str | None = None) -> BackendSpec:
+    """Check the names and the pair only (imports nothing).
+
+    Args:
+        name: one of :data:`BACKENDS`.
+        device: one of ``DEVICES[name]``; None picks ``DEFAULT_DEVICE[name]``.
+
+    Raises:
+        BackendError: an unknown backend or device, or a pair that does not exist
+            (``numpy`` + ``cuda``, ``cupy`` + ``cpu``).
+    """
+    if name not in BACKENDS:
+        raise BackendError(f"backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    device = DEFAULT_DEVICE[name] if device is None else device
+    if device not in ("cpu", "cuda"):
+        raise BackendError(f"device {device!r} is unknown; choose cpu or cuda")
+    if device not in DEVICES[name]:
+        hint = {"cuda": "use --backend torch or cupy for cuda", "cpu": "use numpy or torch on cpu"}
+        raise BackendError(f"backend {name!r} does not run on device {device!r} ({hint[device]})")
+    return BackendSpec(name, device)
+
+
+def resolve_backend(name: str = "numpy", device: str | None = None) -> BackendSpec:
+    """:func:`validate_backend`, then check that the library imports and the device exists.
+
+    Raises:
+        BackendError: as :func:`validate_backend`, or the library is not installed, or
+            CUDA was asked for and no CUDA device is visible to it.
+    """
+    spec = validate_backend(name, device)
+    module = _import(spec.name)
+    if spec.device == "cuda" and not _cuda_available(spec.name, module):
+        raise BackendError(
+            f"backend {spec.name!r} found no CUDA device (is a GPU visible and the {spec.name} "
+            "build CUDA-enabled?); use --device cpu"
+        )
+    return spec
+
+
+def array_module(spec: BackendSpec) -> ModuleType:
+    """The array library of ``spec`` (``numpy``, ``torch`` or ``cupy``), imported.
+
+    Raises:
+        BackendError: the library is not installed.
+    """
+    return _import(spec.name)
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise BackendError(
+            f"backend {name!r} needs the {name} library, which is not installed: {_INSTALL[name]}"
+        ) from e
+
+
+def _cuda_available(name: str, module: ModuleType) -> bool:
+    try:
+        if name == "torch":
+            return bool(module.cuda.is_available())
+        return int(module.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # CuPy raises its own CUDARuntimeError when no driver is present
+        return False
