@@ -31,3 +31,32 @@ def test_copy_pages_copies_every_layer_k_and_v() -> None:
     assert not pool.read_page(1).any()
     with pytest.raises(ValueError, match="same page"):
         pool.copy_pages([(1, 1)])
+
+
+def _backends() -> list[str]:
+    import importlib.util
+
+    return ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_pages_cross_to_and_from_the_host_on_every_backend(backend: str) -> None:
+    """read_page / write_page exchange host NumPy arrays whatever array library holds the pool
+    (the storage tiers rely on it); a wrong shape or dtype names the expected one."""
+    from pagedattn.backends import resolve_backend
+
+    pool = PagePool(2, 4, 3, 2, 5, backend=resolve_backend(backend, "cpu"))
+    assert type(pool.kv).__module__.split(".")[0] == backend
+    page = np.random.default_rng(1).standard_normal((2, 2, 3, 2, 5)).astype(np.float32)
+    pool.write_page(3, page)
+    got = pool.read_page(3)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, page)
+    pool.copy_pages([(3, 0)])
+    np.testing.assert_array_equal(pool.read_page(0), page)
+    assert not pool.read_page(1).any()
+    assert pool.nbytes == 2 * 2 * 4 * 3 * 2 * 5 * 4
+    with pytest.raises(ValueError, match=r"expected float32 \(2, 2, 3, 2, 5\)"):
+        pool.write_page(1, page[:, :, :2])
+    with pytest.raises(ValueError, match="expected float32"):
+        pool.write_page(1, page.astype(np.float64))

@@ -64,12 +64,14 @@ def test_tier_write_drops_when_the_queue_is_full() -> None:
     the queue are dropped and counted, and what was queued lands once the store frees."""
     import numpy as np
 
+    from pagedattn.cache.page_pool import PagePool
     from pagedattn.storage.tier import KVTier
 
     store = _BlockedStore()
     store.stats = lambda: {}  # type: ignore[method-assign]
-    kv = np.random.default_rng(0).standard_normal((2, 2, 8, 2, 4, 8)).astype(np.float32)
-    tier = KVTier(store, kv, max_pending=1)  # type: ignore[arg-type]
+    pool = PagePool(2, 8, 2, 4, 8)
+    pool.kv[...] = np.random.default_rng(0).standard_normal(pool.kv.shape)
+    tier = KVTier(store, pool, max_pending=1)
     keys = [p.key for p in pages(list(range(32)), store.namespace)]
     for i in range(8):
         tier.write([i], [keys[i]])
@@ -80,5 +82,5 @@ def test_tier_write_drops_when_the_queue_is_full() -> None:
     assert len(store.written) == 8 - tier.writer.num_dropped
     for page in store.written:  # each queued page is the pool page as it was when written
         i = keys.index(page.key)
-        assert page.kv.tobytes() == kv[:, :, i].tobytes()
+        assert page.kv.tobytes() == pool.kv[:, :, i].tobytes()
     assert tier.stats()["writes_dropped"] == tier.writer.num_dropped

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
@@ -188,5 +186,5 @@ def _page_snapshot(engine: LLMEngine, prompt: list[int], page_size: int) -> list
         key = PageKey(
             h, hashes[i - 1] if i else None, tuple(prompt[i * page_size : (i + 1) * page_size])
         )
-        out.append(StoredPage(key, np.array(engine.page_pool.kv[:, :, page_id])))
+        out.append(StoredPage(key, engine.page_pool.read_page(page_id)))
     return out

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+
+from pagedattn.backends import BackendSpec, array_module
 
 
 class PagePool:
@@ -17,10 +20,16 @@ class PagePool:
 
     Args:
         num_layers, num_pages, num_kv_heads, page_size, head_dim: positive ints.
-        dtype: storage dtype (float32 by default; the kernels compute in float32).
+        dtype: storage dtype (float32 by default; the kernels compute in float32), a NumPy
+            dtype; on another backend the same-named dtype of its library.
+        backend: which array library and device hold the array (:mod:`pagedattn.backends`);
+            None is NumPy on the host. Whatever the backend, :meth:`read_page` and
+            :meth:`write_page` exchange host NumPy arrays, so the storage tiers and the cache
+            bookkeeping never see a device array.
 
     Raises:
         ValueError: a size is not a positive int.
+        pagedattn.backends.BackendError: the backend's library is not installed.
     """
 
     def __init__(
@@ -31,6 +40,7 @@ class PagePool:
         page_size: int,
         head_dim: int,
         dtype: np.dtype | type = np.float32,
+        backend: BackendSpec | None = None,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -46,45 +56,86 @@ class PagePool:
         self.num_kv_heads = num_kv_heads
         self.page_size = page_size
         self.head_dim = head_dim
-        self.kv = np.zeros((num_layers, 2, num_pages, num_kv_heads, page_size, head_dim), dtype)
+        self.backend = backend or BackendSpec("numpy", "cpu")
+        self.dtype = np.dtype(dtype)
+        shape = (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim)
+        xp = array_module(self.backend)
+        if self.backend.name == "numpy":
+            self.kv: Any = np.zeros(shape, self.dtype)
+        elif self.backend.name == "torch":
+            self.kv = xp.zeros(
+                shape, dtype=getattr(xp, self.dtype.name), device=self.backend.device
+            )
+        else:
+            self.kv = xp.zeros(shape, dtype=self.dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the KV array."""
-        return int(self.kv.nbytes)
+        return int(np.prod(self.kv.shape)) * self.dtype.itemsize
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
 
-    def k_cache(self, layer: int) -> np.ndarray:
-        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's keys.
+    def k_cache(self, layer: int) -> Any:
+        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's keys
+        (an array of the pool's backend).
 
         Raises:
             ValueError: layer out of range.
         """
         self._check_layer(layer)
-        view: np.ndarray = self.kv[layer, 0]
-        return view
+        return self.kv[layer, 0]
 
-    def v_cache(self, layer: int) -> np.ndarray:
-        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's values.
+    def v_cache(self, layer: int) -> Any:
+        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's values
+        (an array of the pool's backend).
 
         Raises:
             ValueError: layer out of range.
         """
         self._check_layer(layer)
-        view: np.ndarray = self.kv[layer, 1]
-        return view
+        return self.kv[layer, 1]
 
     def read_page(self, page_id: int) -> np.ndarray:
-        """Copy of one page over all layers: ``(num_layers, 2, num_kv_heads, page_size, head_dim)``.
+        """Host NumPy copy of one page over all layers:
+        ``(num_layers, 2, num_kv_heads, page_size, head_dim)`` of the pool's dtype.
 
         Raises:
             ValueError: page_id out of range.
         """
         self._check_page(page_id)
-        return self.kv[:, :, page_id].copy()
+        page = self.kv[:, :, page_id]
+        if self.backend.name == "numpy":
+            return np.array(page)
+        if self.backend.name == "torch":
+            return np.array(page.cpu().numpy())
+        return np.array(page.get())  # CuPy: device to host
+
+    def write_page(self, page_id: int, kv: np.ndarray) -> None:
+        """Overwrite page ``page_id`` (all layers) with host array ``kv``.
+
+        Args:
+            kv: ``(num_layers, 2, num_kv_heads, page_size, head_dim)`` of the pool's dtype.
+
+        Raises:
+            ValueError: page_id out of range, or ``kv`` of another shape or dtype.
+        """
+        self._check_page(page_id)
+        expected = (self.num_layers, 2, self.num_kv_heads, self.page_size, self.head_dim)
+        if tuple(kv.shape) != expected or kv.dtype != self.dtype:
+            raise ValueError(
+                f"write_page: expected {self.dtype} {expected}, got {kv.dtype} {tuple(kv.shape)}"
+            )
+        if self.backend.name == "numpy":
+            self.kv[:, :, page_id] = kv
+        else:
+            xp = array_module(self.backend)
+            if self.backend.name == "torch":
+                self.kv[:, :, page_id] = xp.from_numpy(np.ascontiguousarray(kv)).to(self.kv.device)
+            else:
+                self.kv[:, :, page_id] = xp.asarray(kv)
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy every layer's K and V of page ``src`` to page ``dst`` for each ``(src, dst)``.

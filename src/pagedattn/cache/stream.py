@@ -213,7 +213,7 @@ class KVStream:
 
         keys = self._page_keys(self.num_tokens)
         pages = [
-            (keys[i], self.pool.kv[:, :, page_id])
+            (keys[i], self.pool.read_page(page_id))
             for i, page_id in enumerate(self.page_table)
             if page_id != -1
         ]
@@ -249,7 +249,7 @@ class KVStream:
         if [r.key for r in records] != [keys[i] for i, _ in resident]:
             raise RecordError("tokens", f"{path}: the saved pages are not this stream's pages")
         for (_, page_id), record in zip(resident, records, strict=True):
-            self.pool.kv[:, :, page_id] = record.kv
+            self.pool.write_page(page_id, record.kv)
         self.tokens_attended = int(self.attended_positions().size) if num_tokens else 0
 
     @staticmethod

@@ -135,7 +135,7 @@ class LLMEngine:
             pool = self.page_pool
             page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
             store = open_store(config.kv_store, namespace, page_shape, pool.kv.dtype)
-        return KVTier(store, self.page_pool.kv)
+        return KVTier(store, self.page_pool)
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""

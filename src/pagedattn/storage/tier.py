@@ -1,7 +1,7 @@
 """KVTier: the persistent tier as the cache manager sees it (lookup/restore and write-through).
 
-It joins a :class:`KVStore`, the :class:`BackgroundWriter` and the page pool's KV array
-``(num_layers, 2, num_pages, num_kv_heads, page_size, head_dim)``: :meth:`lookup` returns the
+It joins a :class:`KVStore`, the :class:`BackgroundWriter` and the :class:`PagePool` (read and
+written one host page at a time, whatever its backend): :meth:`lookup` returns the
 longest run of consecutive pages the store holds and that pass every check, :meth:`load`
 copies one into a pool page, :meth:`write` copies pool pages out and queues them.
 """
@@ -10,26 +10,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pagedattn.storage.base import KVStore, StoredPage
 from pagedattn.storage.record import PageKey
 
+if TYPE_CHECKING:
+    from pagedattn.cache.page_pool import PagePool
+
 
 class KVTier:
     """Args:
     store: the backend.
-    kv: the page pool's KV array (pages along axis 2).
+    pool: the page pool.
     max_pending: write batches the background queue holds before dropping.
     """
 
-    def __init__(self, store: KVStore, kv: np.ndarray, *, max_pending: int = 64) -> None:
+    def __init__(self, store: KVStore, pool: PagePool, *, max_pending: int = 64) -> None:
         from pagedattn.storage.writer import BackgroundWriter
 
         self.store = store
-        self.kv = kv
+        self.pool = pool
         self.writer = BackgroundWriter(store, max_pending)
         self._lock = threading.Lock()
         self.num_restored_pages = 0
@@ -56,7 +59,7 @@ class KVTier:
 
     def load(self, page_id: int, kv: np.ndarray) -> None:
         """Copy a restored page into pool page ``page_id``."""
-        self.kv[:, :, page_id] = kv
+        self.pool.write_page(page_id, kv)
         with self._lock:
             self.num_restored_pages += 1
 
@@ -68,7 +71,7 @@ class KVTier:
             self.writer.count_dropped(len(page_ids))
             return
         pages = [
-            StoredPage(key, self.kv[:, :, page_id].copy())
+            StoredPage(key, self.pool.read_page(page_id))
             for page_id, key in zip(page_ids, keys, strict=True)
         ]
         self.writer.submit(pages)
