@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import pagedattn.cli.bench_store  # noqa: F401  (registers the command)
+from pagedattn.bench.redis_server import RedisServer
 from pagedattn.cli.app import app
-from tests.storage.redis_server import RedisServer
 
 runner = CliRunner()
 

@@ -7,10 +7,11 @@ import multiprocessing
 import time
 
 import pytest
+import redis
 
+from pagedattn.bench.redis_server import RedisServer
 from pagedattn.storage.redis_store import RedisStore
 from tests.storage.pages import PAGE_SHAPE, all_equal, namespace, pages
-from tests.storage.redis_server import RedisServer
 
 TOKENS = list(range(100, 132))
 
@@ -26,7 +27,7 @@ def test_round_trip_keys_ttl_and_namespaces(redis_server: RedisServer) -> None:
     assert store.put(written) > 0
     got = store.get([p.key for p in written])
     assert all_equal(got, written)
-    client = redis_server.client()
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
     key = store.key(written[0].key.page_hash)
     assert key.startswith(f"pagedattn:{store.namespace.hex()}:page:")
     assert 0 < client.ttl(key) <= 600
@@ -49,7 +50,7 @@ def test_documents(redis_server: RedisServer) -> None:
 def test_bad_value_is_counted_and_deleted(redis_server: RedisServer) -> None:
     store = _store(redis_server)
     page = pages(TOKENS, store.namespace)[2]
-    client = redis_server.client()
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
     client.set(store.key(page.key.page_hash), b"\x80\x04\x95 not ours")
     assert store.get([page.key]) == [None]
     assert store.stats()["errors"] == {"bad_magic": 1}

@@ -48,9 +48,9 @@ def bench_store(
     with cli_errors():
         private = None
         if redis is None and shutil.which("redis-server"):
-            from pagedattn.bench.redis_server import PrivateRedis
+            from pagedattn.bench.redis_server import RedisServer
 
-            private = PrivateRedis()
+            private = RedisServer()
             redis = private.url
         args = {
             "model": model,
