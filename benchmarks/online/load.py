@@ -67,6 +67,7 @@ async def one_request(
     start = time.perf_counter()
     result = Result(ok=False)
     chunk_times: list[float] = []
+    content_chunks = 0
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -81,10 +82,13 @@ async def one_request(
                 for choice in data.get("choices", []):
                     if choice["delta"].get("content"):
                         chunk_times.append(time.perf_counter())
+                        content_chunks += 1
     except httpx.HTTPError as exc:
         result.error = repr(exc)
         return result
     result.latency_s = time.perf_counter() - start
+    if not result.output_tokens:  # a server that sends no usage: one token per content chunk
+        result.output_tokens = content_chunks
     if chunk_times:
         result.ttft_s = chunk_times[0] - start
         result.itl_s = np.diff(chunk_times).tolist()
@@ -118,6 +122,23 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else math.nan
 
 
+def summarize(results: list[Result], wall_s: float) -> dict[str, float]:
+    """Figures of one setting: ok, total, req/s, output tok/s, TTFT and ITL p50 / p99 (ms)."""
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok if math.isfinite(r.ttft_s)]
+    itl = [g for r in ok for g in r.itl_s]
+    return {
+        "ok": len(ok),
+        "total": len(results),
+        "req_s": len(ok) / wall_s,
+        "output_tok_s": sum(r.output_tokens for r in ok) / wall_s,
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p99_ms": pct(ttft, 99),
+        "itl_p50_ms": pct(itl, 50),
+        "itl_p99_ms": pct(itl, 99),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -149,23 +170,20 @@ def main() -> None:
                     args.url, args.model, rate, conc, args.num_requests, args.max_tokens, args.seed
                 )
             )
-            ok = [r for r in results if r.ok]
             for r in results:
                 if not r.ok:
                     console.print(f"[red]failed:[/red] {r.error}")
-            ttft = [r.ttft_s for r in ok if math.isfinite(r.ttft_s)]
-            itl = [g for r in ok for g in r.itl_s]
-            tokens = sum(r.output_tokens for r in ok)
+            f = summarize(results, wall)
             table.add_row(
                 "inf" if math.isinf(rate) else f"{rate:g}",
                 str(conc),
-                f"{len(ok)}/{len(results)}",
-                f"{len(ok) / wall:.2f}",
-                f"{tokens / wall:.1f}",
-                f"{pct(ttft, 50):.0f}",
-                f"{pct(ttft, 99):.0f}",
-                f"{pct(itl, 50):.1f}",
-                f"{pct(itl, 99):.1f}",
+                f"{f['ok']:.0f}/{f['total']:.0f}",
+                f"{f['req_s']:.2f}",
+                f"{f['output_tok_s']:.1f}",
+                f"{f['ttft_p50_ms']:.0f}",
+                f"{f['ttft_p99_ms']:.0f}",
+                f"{f['itl_p50_ms']:.1f}",
+                f"{f['itl_p99_ms']:.1f}",
             )
     console.print(table)
 

@@ -1,0 +1,153 @@
+"""`pagedattn serve` against llama.cpp's own `llama-server` on the same GGUF, in one session.
+
+Starts each server in turn on a free loopback port (never both at once: they would share the
+cores), sends the same burst of streaming chat requests (``load.py``: greedy, ``ignore_eos``,
+``--num-requests`` x ``--max-tokens``) at each concurrency, stops it, and prints one row per
+concurrency with both servers' output tok/s, TTFT p50 and inter-token p50, the ratio, and the
+issue-13 targets: output tok/s >= llama-server's at every concurrency, and our TTFT p50 lower
+under load (the highest concurrency).
+
+Usage (llama-server from ``../shared/scripts/build-llama-cpp.sh``)::
+
+    python benchmarks/online/compare.py --llama-server .peers/llama.cpp/build/bin/llama-server \\
+        --concurrency 1,8,32 --num-requests 32 --max-tokens 64 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from load import run_setting, summarize
+
+from pagedattn.bench.redis_server import free_port
+from pagedattn.model.registry import embedded_model_path
+
+
+@contextmanager
+def server(args: list[str], port: int, env: dict[str, str], log: Path) -> Iterator[str]:
+    """Run ``args`` until it answers ``GET /v1/models`` (300 s at most); yield its URL."""
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{args[0]} exited with {proc.returncode}; see {log}")
+                try:
+                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{args[0]} did not answer in 300 s; see {log}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def measure(
+    url: str, concurrency: list[int], n: int, max_tokens: int
+) -> dict[int, dict[str, float]]:
+    """One warm-up request, then a burst of ``n`` requests at each concurrency."""
+    asyncio.run(run_setting(url, None, math.inf, 1, 1, 4, 0))
+    out = {}
+    for c in concurrency:
+        results, wall = asyncio.run(run_setting(url, None, math.inf, c, n, max_tokens, 0))
+        out[c] = summarize(results, wall)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2)")
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", ""))
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    model = args.model or str(embedded_model_path())
+    conc = [int(c) for c in args.concurrency.split(",")]
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    figures: dict[str, dict[int, dict[str, float]]] = {}
+    port = free_port()
+    cli = str(Path(sys.executable).parent / "pagedattn")
+    ours = [cli, "serve", "-m", model, "--port", str(port)]
+    ours += ["--log-level", "warning", "--max-num-seqs", str(max(conc))]
+    with server(ours, port, env, logs / "compare-pagedattn.log") as url:
+        figures["pagedattn"] = measure(url, conc, args.num_requests, args.max_tokens)
+    binary = args.llama_server and shutil.which(args.llama_server)
+    if binary:
+        port = free_port()
+        peer = [binary, "-m", model, "--port", str(port), "-t", str(args.threads)]
+        peer += ["-np", str(max(conc)), "-c", str(max(conc) * 512), "--log-disable"]
+        lib = str(Path(binary).parent)
+        peer_env = dict(env, LD_LIBRARY_PATH=f"{lib}:{env.get('LD_LIBRARY_PATH', '')}")
+        with server(peer, port, peer_env, logs / "compare-llama-server.log") as url:
+            figures["llama-server"] = measure(url, conc, args.num_requests, args.max_tokens)
+    report(figures, conc, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+def report(
+    figures: dict[str, dict[int, dict[str, float]]], conc: list[int], args: argparse.Namespace
+) -> None:
+    ours, peer = figures["pagedattn"], figures.get("llama-server")
+    table = Table(
+        title=f"online: {args.num_requests} chat requests x {args.max_tokens} tokens, burst, "
+        f"{args.threads} threads; target: output tok/s >= llama-server's"
+    )
+    for col in ("concurrency", "pagedattn tok/s", "TTFT p50", "ITL p50", "llama-server tok/s",
+                "TTFT p50", "ITL p50", "ratio", "target"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for c in conc:
+        o = ours[c]
+        row = [str(c), f"{o['output_tok_s']:.1f}", f"{o['ttft_p50_ms']:.0f} ms",
+               f"{o['itl_p50_ms']:.1f} ms"]  # fmt: skip
+        if peer is None:
+            row += ["not measured", "", "", "", ""]
+        else:
+            p = peer[c]
+            ratio = o["output_tok_s"] / p["output_tok_s"]
+            row += [f"{p['output_tok_s']:.1f}", f"{p['ttft_p50_ms']:.0f} ms",
+                    f"{p['itl_p50_ms']:.1f} ms", f"{ratio:.2f}x",
+                    "met" if ratio >= 1 else "not met"]  # fmt: skip
+        table.add_row(*row)
+    console = Console(width=160)
+    console.print(table)
+    if peer is not None:
+        top = max(conc)
+        lower = ours[top]["ttft_p50_ms"] < peer[top]["ttft_p50_ms"]
+        console.print(
+            f"TTFT p50 at concurrency {top}: {ours[top]['ttft_p50_ms']:.0f} ms vs "
+            f"{peer[top]['ttft_p50_ms']:.0f} ms: {'met' if lower else 'not met'} (ours lower)"
+        )
+
+
+if __name__ == "__main__":
+    main()
