@@ -39,6 +39,9 @@ def test_bench_generate_prints_table_and_positive_figures(
     assert "CPU features:" in result.stdout
     if not llamacpp.available():  # the peer column says so, never prints stored numbers
         assert "llama.cpp: not measured" in result.stdout
+    else:  # measured in the same run, on the same GGUF
+        peer = json.loads(out.read_text())["llamacpp"]
+        assert peer["generated"] == 6 and peer["prefill_tok_s"] > 0 and peer["decode_tok_s"] > 0
     figures = json.loads(out.read_text())["ours"]
     assert figures["generated"] == 6
     for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib"):
@@ -59,6 +62,9 @@ def test_bench_engine_counts_every_token_and_prefix_hits(
     assert "CPU features:" in result.stdout
     if not llamacpp.available():
         assert "llama.cpp: not measured" in result.stdout
+    else:
+        peer = json.loads(out.read_text())["llamacpp"]["main"]
+        assert peer["generated"] == 5 * 4 and peer["generated_tok_s"] > 0
     assert "prefix caching on vs off (50% shared prefix): " in result.stdout
     figures = json.loads(out.read_text())["ours"]
     for run in ("main", "shared_on", "shared_off"):

@@ -26,10 +26,14 @@ def _load(args: dict[str, Any], n_ctx: int) -> Any:
     from llama_cpp import Llama
 
     threads = int(args["threads"])
+    # n_batch = n_ctx: without logits_all, llama-cpp-python keeps n_batch rows of scores and
+    # writes the last token's logits at row n_past + n_tokens - 1, so a context longer than
+    # n_batch would index past them; n_ubatch (the micro-batch llama.cpp computes) stays 512.
     return Llama(
         model_path=str(args["model_path"]),
         n_ctx=n_ctx,
-        n_batch=512,
+        n_batch=n_ctx,
+        n_ubatch=512,
         n_threads=threads,
         n_threads_batch=threads,
         verbose=False,
