@@ -27,7 +27,7 @@ class Impl:
     to_backend: Callable[[np.ndarray], Any]
 
 
-def _available(name: str, device: str) -> str | None:
+def skip_reason(name: str, device: str) -> str | None:
     """None when (name, device) runs here, else the reason to skip."""
     if importlib.util.find_spec(name) is None:
         return f"{name} is not installed"
@@ -54,7 +54,7 @@ def impl(kind: str) -> Impl:
 
 
 def _param(kind: str, name: str, device: str) -> Any:
-    reason = _available(name, device)
+    reason = skip_reason(name, device)
     marks = [pytest.mark.skip(reason=reason)] if reason else []
     return pytest.param(kind, id=kind, marks=marks)
 

@@ -105,3 +105,27 @@ def paged_ops(spec: BackendSpec) -> PagedOps:
     return PagedOps(
         xp_kernels.write_kv, xp_kernels.paged_attention_decode, xp_kernels.paged_attention_prefill
     )
+
+
+def backend_array(name: str, a: Any, spec: BackendSpec, shape: tuple[int, ...], names: str) -> Any:
+    """Argument ``name`` as a float32 array of ``spec`` with shape ``shape``.
+
+    Args:
+        name: the argument's name, for the message.
+        a: a host NumPy array or an array of ``spec``'s library (moved to its device).
+        names: the shape in words, e.g. ``"(num_heads, head_dim)"``.
+
+    Raises:
+        ValueError: ``a`` is not an array, not float32, or of another shape (the message
+            names the argument and the expected shape).
+    """
+    if not (is_numpy_array(a) or is_torch_array(a) or is_cupy_array(a)):
+        raise ValueError(
+            f"{name}: expected a float32 array {names} = {shape}, got {type(a).__name__}"
+        )
+    out = to_backend(a, spec)
+    if out.dtype != array_module(spec).float32 or tuple(out.shape) != shape:
+        raise ValueError(
+            f"{name}: expected float32 {names} = {shape}, got {out.dtype} {tuple(out.shape)}"
+        )
+    return out
