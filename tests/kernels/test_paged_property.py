@@ -1,18 +1,17 @@
-"""Hypothesis: paged decode and prefill equal the dense reference (fp32, atol 1e-5)."""
+"""Hypothesis: paged decode and prefill equal the dense reference (fp32, atol 1e-5), for every
+implementation (the Numba kernels; the array-namespace kernels on NumPy, torch, CuPy)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedattn.kernels import (
-    paged_attention_decode,
-    paged_attention_prefill,
-    reference_attention,
-    visible_mask,
-)
+from pagedattn.backends.arrays import to_host
+from pagedattn.kernels import reference_attention, visible_mask
 from tests.kernels.helpers import randn, scatter_sequences
+from tests.kernels.impls import IMPL_PARAMS, impl
 
 
 @st.composite
@@ -70,19 +69,24 @@ def _mask_kwargs(b: dict) -> dict:  # type: ignore[type-arg]
     return {"sliding_window": b["window"], "num_sink_tokens": b["sinks"]}
 
 
-@given(batches())
-def test_decode_matches_reference(b: dict) -> None:  # type: ignore[type-arg]
+def _on(kind: str, *arrays: np.ndarray | None) -> list:  # type: ignore[type-arg]
+    to = impl(kind).to_backend
+    return [None if a is None else to(a) for a in arrays]
+
+
+@pytest.mark.parametrize("kind", IMPL_PARAMS)
+@given(b=batches())
+def test_decode_matches_reference(kind: str, b: dict) -> None:  # type: ignore[type-arg]
     ks, vs, kc, vc, tables, q, q_sink = _setup(b, [1] * len(b["ctx"]))
-    out, lse = paged_attention_decode(
-        q,
-        kc,
-        vc,
+    out, lse = impl(kind).ops.paged_attention_decode(
+        *_on(kind, q, kc, vc),
         tables,
         np.array(b["ctx"], np.int32),
-        q_sink=q_sink,
+        q_sink=_on(kind, q_sink)[0],
         return_lse=True,
         **_mask_kwargs(b),
     )
+    out, lse = to_host(out), to_host(lse)
     for s in range(len(ks)):
         qs = None if q_sink is None else q_sink[s : s + 1]
         ref, ref_lse = reference_attention(
@@ -92,21 +96,21 @@ def test_decode_matches_reference(b: dict) -> None:  # type: ignore[type-arg]
         np.testing.assert_allclose(lse[s : s + 1], ref_lse, atol=1e-5, rtol=1e-5)
 
 
-@given(batches())
-def test_prefill_matches_reference(b: dict) -> None:  # type: ignore[type-arg]
+@pytest.mark.parametrize("kind", IMPL_PARAMS)
+@given(b=batches())
+def test_prefill_matches_reference(kind: str, b: dict) -> None:  # type: ignore[type-arg]
     ks, vs, kc, vc, tables, q, q_sink = _setup(b, b["q_lens"])
     qsl = np.concatenate([[0], np.cumsum(b["q_lens"])]).astype(np.int32)
-    out, lse = paged_attention_prefill(
-        q,
-        kc,
-        vc,
+    out, lse = impl(kind).ops.paged_attention_prefill(
+        *_on(kind, q, kc, vc),
         tables,
         qsl,
         np.array(b["ctx"], np.int32),
-        q_sink=q_sink,
+        q_sink=_on(kind, q_sink)[0],
         return_lse=True,
         **_mask_kwargs(b),
     )
+    out, lse = to_host(out), to_host(lse)
     for s in range(len(ks)):
         a, e = qsl[s], qsl[s + 1]
         qs = None if q_sink is None else q_sink[a:e]

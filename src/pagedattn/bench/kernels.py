@@ -11,18 +11,25 @@ carry over between machines:
   bytes read plus bytes written (``2 * size``, as STREAM's Copy does); ``% copy`` is the
   ratio of the two;
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense
-  contiguous ``(batch, heads, context, head_dim)`` K/V, with the same thread count.
+  contiguous ``(batch, heads, context, head_dim)`` K/V, with the same thread count;
+* ``xp``: with ``backends``, the array-namespace kernel
+  (:func:`pagedattn.backends.xp_kernels.paged_attention_decode`) over the same pages and page
+  tables moved onto each backend (e.g. torch on the CPU), timed with the device synchronized.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from pagedattn.backends import BackendSpec
 
 NUM_HEADS = 9
 NUM_KV_HEADS = 3
@@ -41,6 +48,7 @@ class DecodeResult:
     kv_gbps: float
     copy_gbps: float
     torch_ms: float | None
+    xp_ms: tuple[tuple[BackendSpec, float], ...] = ()  # the xp kernel on each backend asked for
 
     @property
     def pct_copy(self) -> float:
@@ -86,8 +94,60 @@ def _torch_sdpa_ms(
         return median_ms(lambda: sdpa(tq, tk, tv, enable_gqa=True), repeats)
 
 
-def bench_decode(batch: int, context: int, repeats: int, *, seed: int = 0) -> DecodeResult:
-    """Time one decode configuration (9 query heads, 3 kv heads, head_dim 64, page_size 16)."""
+def _synchronize(spec: BackendSpec) -> Callable[[], None]:
+    """A function waiting for the backend's device to finish queued work (CUDA is async)."""
+    if spec.device != "cuda":
+        return lambda: None
+    from pagedattn.backends import array_module
+
+    xp = array_module(spec)
+    if spec.name == "torch":
+        return lambda: xp.cuda.synchronize()
+    return lambda: xp.cuda.Device().synchronize()
+
+
+def xp_decode_ms(
+    spec: BackendSpec, arrays: tuple[np.ndarray, ...], repeats: int, threads: int
+) -> float:
+    """Median ms of the array-namespace decode kernel on ``spec``.
+
+    Args:
+        arrays: host ``(q, k_cache, v_cache, page_tables, context_lens)``; the float arrays
+            are moved onto the backend once, the integer tables stay on the host (the kernel
+            moves them per call, as a caller would).
+        threads: torch's intra-op threads on the CPU (the same count the Numba kernel uses).
+    """
+    from pagedattn.backends.arrays import to_backend
+    from pagedattn.backends.xp_kernels import paged_attention_decode
+
+    q, k_cache, v_cache, page_tables, context_lens = arrays
+    dq, dk, dv = (to_backend(a, spec) for a in (q, k_cache, v_cache))
+    sync = _synchronize(spec)
+    context: Any = contextlib.nullcontext()
+    if spec.name == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        context = torch.inference_mode()
+
+    def call() -> None:
+        paged_attention_decode(dq, dk, dv, page_tables, context_lens)
+        sync()
+
+    with context:
+        return median_ms(call, repeats)
+
+
+def bench_decode(
+    batch: int,
+    context: int,
+    repeats: int,
+    *,
+    seed: int = 0,
+    backends: Sequence[BackendSpec] = (),
+) -> DecodeResult:
+    """Time one decode configuration (9 query heads, 3 kv heads, head_dim 64, page_size 16):
+    the Numba kernel, the xp kernel on each of ``backends``, and torch SDPA on dense K/V."""
     import numba
 
     from pagedattn.kernels import paged_attention_decode
@@ -105,6 +165,9 @@ def bench_decode(batch: int, context: int, repeats: int, *, seed: int = 0) -> De
     paged_ms = median_ms(
         lambda: paged_attention_decode(q, k_cache, v_cache, page_tables, context_lens), repeats
     )
+    arrays = (q, k_cache, v_cache, page_tables, context_lens)
+    threads = numba.get_num_threads()
+    xp_ms = tuple((spec, xp_decode_ms(spec, arrays, repeats, threads)) for spec in backends)
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * 4
     copy_gbps = copy_bandwidth_gbps(kv_bytes, repeats)
 
@@ -121,6 +184,7 @@ def bench_decode(batch: int, context: int, repeats: int, *, seed: int = 0) -> De
         pass
     else:
         k_dense, v_dense = dense(k_cache), dense(v_cache)
-        del k_cache, v_cache
-        torch_ms = _torch_sdpa_ms(q, k_dense, v_dense, repeats, numba.get_num_threads())
-    return DecodeResult(batch, context, paged_ms, kv_bytes / (paged_ms * 1e6), copy_gbps, torch_ms)
+        del k_cache, v_cache, arrays
+        torch_ms = _torch_sdpa_ms(q, k_dense, v_dense, repeats, threads)
+    kv_gbps = kv_bytes / (paged_ms * 1e6)
+    return DecodeResult(batch, context, paged_ms, kv_gbps, copy_gbps, torch_ms, xp_ms)

@@ -5,15 +5,21 @@ its query over every resident page inside the window plus the sink pages with
 ``paged_attention_decode``. Memory stays bounded: with a sliding window W, pages leave as the
 window passes (StreamingLLM, arXiv 2309.17453); when the pool is still too small (or there is no
 window) and ``eviction="evict_idle"``, the stream drops its own oldest non-sink page (lossy).
+
+The page pool lives on the stream's backend (:mod:`pagedattn.backends`): ``numpy`` runs the Numba
+kernels, ``torch`` (cpu or cuda) and ``cupy`` run the array-namespace kernels of
+:mod:`pagedattn.backends.xp_kernels` on the device, so only one token's q/k/v crosses per step.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from pagedattn.backends import resolve_backend
 from pagedattn.cache.hashing import cache_namespace, hash_page_tokens
 from pagedattn.cache.manager import EVICTION_POLICIES, CacheManager, EvictionPolicy
 from pagedattn.cache.page_pool import PagePool
@@ -36,9 +42,14 @@ class KVStream:
         eviction: ``"evict_idle"`` (drop the oldest non-sink page when the pool is full),
             ``"reclaim"`` or ``"raise"`` (raise :class:`OutOfPagesError` instead).
         scale: attention scale, default ``1 / sqrt(head_dim)``.
+        backend: ``"numpy"`` (Numba kernels, host arrays), ``"torch"`` or ``"cupy"``: the
+            library holding the page pool and running the step.
+        device: ``"cpu"`` or ``"cuda"``; None = the backend's default (cuda for cupy).
 
     Raises:
         ValueError: a bad size, head split, window, sink count or eviction name.
+        pagedattn.backends.BackendError: an unknown or invalid (backend, device) pair, or its
+            library / device is missing (one line saying what to install).
     """
 
     def __init__(
@@ -52,7 +63,10 @@ class KVStream:
         num_sink_tokens: int = 0,
         eviction: EvictionPolicy = "evict_idle",
         scale: float | None = None,
+        backend: str = "numpy",
+        device: str | None = None,
     ) -> None:
+        self.backend = resolve_backend(backend, device)
         if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -69,7 +83,7 @@ class KVStream:
         self.num_sink_tokens = num_sink_tokens
         self.eviction: EvictionPolicy = eviction
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.pool = PagePool(1, max_pages, num_kv_heads, page_size, head_dim)
+        self.pool = PagePool(1, max_pages, num_kv_heads, page_size, head_dim, backend=self.backend)
         self.manager = CacheManager(
             max_pages,
             page_size,
@@ -131,35 +145,34 @@ class KVStream:
 
     # ---- the step ------------------------------------------------------------------------
 
-    def step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def step(self, q: Any, k: Any, v: Any) -> Any:
         """Write one token's K/V and attend its query over the resident visible keys.
 
         Args:
             q: float32 ``(num_heads, head_dim)``.
             k, v: float32 ``(num_kv_heads, head_dim)``.
+            On ``numpy`` host NumPy arrays; on ``torch`` / ``cupy`` arrays of that library
+            (moved to the stream's device if elsewhere) or host NumPy arrays (copied there).
 
         Returns:
-            float32 ``(num_heads, head_dim)`` attention output.
+            float32 ``(num_heads, head_dim)`` attention output, an array of the stream's
+            backend on its device (NumPy for ``numpy``).
 
         Raises:
             ValueError: a wrong shape or dtype (the message names the expected shape).
             OutOfPagesError: no page for the token (eviction "raise"/"reclaim", or only sink
                 pages left to drop).
         """
-        from pagedattn.kernels import paged_attention_decode, write_kv
-
-        self._check("q", q, (self.num_heads, self.head_dim), "(num_heads, head_dim)")
-        kv_names = "(num_kv_heads, head_dim)"
-        self._check("k", k, (self.num_kv_heads, self.head_dim), kv_names)
-        self._check("v", v, (self.num_kv_heads, self.head_dim), kv_names)
+        q, k, v = self._inputs(q, k, v)
         if self.eviction == "evict_idle" and not self.manager.can_append(_SEQ, 1):
             self.manager.evict_oldest_page(_SEQ)
         slots = self.manager.append_slots(_SEQ, [self.num_tokens])
         k_cache, v_cache = self.pool.k_cache(0), self.pool.v_cache(0)
-        write_kv(k_cache, v_cache, k[None], v[None], slots)
+        ops = self._ops()
+        ops.write_kv(k_cache, v_cache, k[None, ...], v[None, ...], slots)
         self.manager.commit_written(_SEQ)
-        out = paged_attention_decode(
-            q[None],
+        out = ops.paged_attention_decode(
+            q[None, ...],
             k_cache,
             v_cache,
             self.manager.page_tables([_SEQ]),
@@ -168,11 +181,35 @@ class KVStream:
             sliding_window=self.sliding_window,
             num_sink_tokens=self.num_sink_tokens,
         )
-        assert isinstance(out, np.ndarray)
         self.tokens_attended = int(self.attended_positions().size)
         self.max_pages_resident = max(self.max_pages_resident, self.pages_resident)
-        result: np.ndarray = out[0]
-        return result
+        return out[0, ...]
+
+    def _inputs(self, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+        """q, k, v checked (and moved to the backend's device)."""
+        kv_names = "(num_kv_heads, head_dim)"
+        shapes = (
+            ("q", q, (self.num_heads, self.head_dim), "(num_heads, head_dim)"),
+            ("k", k, (self.num_kv_heads, self.head_dim), kv_names),
+            ("v", v, (self.num_kv_heads, self.head_dim), kv_names),
+        )
+        if self.backend.name == "numpy":
+            for args in shapes:
+                self._check(*args)
+            return q, k, v
+        from pagedattn.backends.arrays import backend_array
+
+        q, k, v = (backend_array(n, a, self.backend, shape, w) for n, a, shape, w in shapes)
+        return q, k, v
+
+    def _ops(self) -> Any:
+        if self.backend.name == "numpy":  # the Numba kernels (no array-api-compat needed)
+            import pagedattn.kernels as numba_ops
+
+            return numba_ops
+        from pagedattn.backends.arrays import paged_ops
+
+        return paged_ops(self.backend)
 
     # ---- persistence -----------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""`pagedattn bench kernels`: decode attention, paged kernel vs copy bandwidth and torch SDPA."""
+"""`pagedattn bench kernels`: decode attention, paged kernel vs copy bandwidth and torch SDPA,
+and with ``--backend`` the array-namespace kernel on other array libraries in the same run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import bench_app
+from pagedattn.cli.options import cli_errors
 
 
 @bench_app.command("kernels")
@@ -18,14 +20,30 @@ def bench_kernels(
     context: Annotated[
         list[int] | None, typer.Option(min=1, help="KV tokens per sequence; repeat for several.")
     ] = None,
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also time the array-namespace kernel on numpy|torch|cupy (repeatable), "
+            "beside the Numba kernel, with its ratio."
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="cpu|cuda for a torch / cupy --backend (numpy is always cpu)."),
+    ] = None,
 ) -> None:
     """Decode attention (9 q heads, 3 kv heads, head_dim 64, fp32, page_size 16, shuffled pages)."""
     import numba
     from rich.console import Console
     from rich.table import Table
 
+    from pagedattn.backends import resolve_backend
     from pagedattn.bench.kernels import TORCH_HINT, bench_decode
 
+    with cli_errors():  # --device is for torch / cupy; the numpy backend is always on the cpu
+        specs = [
+            resolve_backend(name, None if name == "numpy" else device) for name in backend or []
+        ]
     console = Console()
     batches = batch or [1, 32]
     contexts = context or [512, 2048, 8192]
@@ -40,12 +58,15 @@ def bench_kernels(
     table = Table()
     for name in ("batch", "context", "paged ms", "KV GB/s", "copy GB/s (r+w)", "% copy"):
         table.add_column(name, justify="right")
+    for spec in specs:
+        table.add_column(f"xp {spec} ms", justify="right")
+        table.add_column("x numba", justify="right")
     if has_torch:
         table.add_column("torch SDPA ms", justify="right")
         table.add_column("speedup", justify="right")
     for b in batches:
         for c in contexts:
-            r = bench_decode(b, c, repeats)
+            r = bench_decode(b, c, repeats, backends=specs)
             row = [
                 str(b),
                 str(c),
@@ -54,6 +75,8 @@ def bench_kernels(
                 f"{r.copy_gbps:.1f}",
                 f"{r.pct_copy:.0f}%",
             ]
+            for _, ms in r.xp_ms:
+                row += [f"{ms:.3f}", f"{ms / r.paged_ms:.2f}x"]
             if has_torch and r.torch_ms is not None and r.speedup is not None:
                 row += [f"{r.torch_ms:.3f}", f"{r.speedup:.2f}x"]
             table.add_row(*row)
@@ -67,3 +90,8 @@ def bench_kernels(
         "KV GB/s = bytes of K+V read / time; copy = np.copyto on a buffer of the same size, "
         "counting read + write bytes."
     )
+    if specs:
+        console.print(
+            "xp = the array-namespace kernel (backends/xp_kernels.py) on that backend; "
+            "x numba = its time / the Numba kernel's time in the same run (>1: slower)."
+        )

@@ -1,0 +1,47 @@
+"""`pagedattn bench kernels --backend`: the xp kernel's column beside the Numba kernel's, in the
+same run (not timed: no speed is asserted), and backend errors as one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import pagedattn.cli.bench_kernels  # noqa: F401  (register the command)
+from pagedattn.backends import BackendSpec
+from pagedattn.bench.kernels import bench_decode
+from pagedattn.cli.app import app
+
+runner = CliRunner()
+
+
+def test_bench_decode_times_the_xp_kernel_on_each_backend() -> None:
+    pytest.importorskip("torch")
+    specs = [BackendSpec("numpy", "cpu"), BackendSpec("torch", "cpu")]
+    r = bench_decode(2, 40, 2, backends=specs)
+    assert [spec for spec, _ in r.xp_ms] == specs
+    assert all(np.isfinite(ms) and ms > 0 for _, ms in r.xp_ms)
+    assert r.paged_ms > 0 and bench_decode(1, 16, 1).xp_ms == ()
+
+
+def test_bench_kernels_prints_the_backend_columns() -> None:
+    pytest.importorskip("torch")
+    args = ["bench", "kernels", "--batch", "2", "--context", "40", "--repeats", "2",
+            "--backend", "torch"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    assert "xp torch/cpu ms" in result.stdout and "x numba" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--backend", "jax"], "backend 'jax' is unknown"),
+        (["--backend", "cupy", "--device", "cpu"], "does not run on device 'cpu'"),
+    ],
+)
+def test_bench_kernels_bad_backend_is_one_line(args: list[str], fragment: str) -> None:
+    result = runner.invoke(app, ["bench", "kernels", "--batch", "1", "--context", "8", *args])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ") and fragment in result.stderr
+    assert result.stderr.count("\n") == 1
