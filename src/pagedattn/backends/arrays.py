@@ -52,7 +52,10 @@ def to_backend(a: Any, spec: BackendSpec) -> Any:
     if spec.name == "torch":
         if is_torch_array(a):
             return a.to(spec.device)
-        return xp.from_numpy(np.ascontiguousarray(to_host(a))).to(spec.device)
+        host = np.ascontiguousarray(to_host(a))
+        if not host.flags.writeable:  # torch must not alias a read-only buffer
+            host = host.copy()
+        return xp.from_numpy(host).to(spec.device)
     if is_cupy_array(a):
         return a
     return xp.asarray(to_host(a))  # CuPy: host to the current device
