@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,8 @@ def run_demo(
     eviction: EvictionPolicy = "evict_idle",
     tolerance: float = 1e-5,
     on_step: Callable[[], None] | None = None,
+    backend: str = "numpy",
+    device: str | None = None,
 ) -> DemoReport:
     """Stream ``tokens`` random float32 (q, k, v) tokens and check every step.
 
@@ -75,13 +78,15 @@ def run_demo(
         seed: numpy Generator seed for the random tokens.
         tolerance: max allowed absolute error against the dense reference.
         on_step: called after each step (progress bars).
+        backend, device: where the stream's pool lives and its step runs (see
+            :class:`KVStream`); tokens go in as host arrays, outputs and pages are read back.
 
     Returns:
         The :class:`DemoReport`; ``report.ok`` is False on any mismatch above ``tolerance``,
         resident pages above ``max_pages`` or a pool page that disagrees with the record.
 
     Raises:
-        ValueError: tokens < 1 or a bad stream configuration.
+        ValueError: tokens < 1 or a bad stream configuration (BackendError: a bad backend).
         OutOfPagesError: the pool ran out under eviction "raise"/"reclaim".
     """
     from pagedattn.kernels import reference_attention
@@ -97,20 +102,25 @@ def run_demo(
         sliding_window=sliding_window,
         num_sink_tokens=num_sink_tokens,
         eviction=eviction,
+        backend=backend,
+        device=device,
     )
+    to_host: Callable[[Any], np.ndarray] = np.asarray  # numpy: no array-api-compat needed
+    if stream.backend.name != "numpy":
+        from pagedattn.backends.arrays import to_host
+
     rng = np.random.default_rng(seed)
     keys = np.empty((tokens, num_kv_heads, head_dim), np.float32)
     values = np.empty_like(keys)
     report = DemoReport(tokens=tokens, max_pages=max_pages)
     attended = np.empty(tokens, np.int64)
     latency = np.empty(tokens, np.float64)
-    k_cache, v_cache = stream.pool.k_cache(0), stream.pool.v_cache(0)
     for p in range(tokens):
         q = rng.standard_normal((num_heads, head_dim), dtype=np.float32)
         keys[p] = rng.standard_normal((num_kv_heads, head_dim), dtype=np.float32)
         values[p] = rng.standard_normal((num_kv_heads, head_dim), dtype=np.float32)
         start = time.perf_counter()
-        out = stream.step(q, keys[p], values[p])
+        out = to_host(stream.step(q, keys[p], values[p]))  # on the host: the step is done
         latency[p] = time.perf_counter() - start
 
         resident = stream.resident_pages()
@@ -119,8 +129,9 @@ def run_demo(
         positions = []
         for page_id, first, last in resident:
             n = last - first + 1
-            stored_k = k_cache[page_id, :, :n].transpose(1, 0, 2)
-            stored_v = v_cache[page_id, :, :n].transpose(1, 0, 2)
+            page = stream.pool.read_page(page_id)[0]  # host copy: (2, kv_heads, page_size, D)
+            stored_k = page[0, :, :n].transpose(1, 0, 2)
+            stored_v = page[1, :, :n].transpose(1, 0, 2)
             if not (
                 np.array_equal(stored_k, keys[first : last + 1])
                 and np.array_equal(stored_v, values[first : last + 1])

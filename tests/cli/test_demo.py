@@ -69,3 +69,26 @@ def test_demo_reports_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_demo_rejects_bad_head_split() -> None:
     code, out = _invoke("--num-heads", "4", "--num-kv-heads", "3")
     assert code == 2 and "multiple" in out
+
+
+def test_demo_on_torch_matches_the_reference() -> None:
+    pytest.importorskip("torch")
+    code, out = _invoke(
+        "--tokens", "60", "--page-size", "4", "--max-pages", "5", "--sliding-window", "10",
+        "--sinks", "3", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "8",
+        "--backend", "torch", "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "backend torch/cpu" in out and "all steps match the dense reference" in out
+    assert _row(out, "max abs error vs dense reference")[0] <= 1e-5
+    assert _row(out, "pages evicted")[0] > 0
+
+
+def test_demo_bad_backend_is_one_line() -> None:
+    _register()
+    result = CliRunner().invoke(app, ["demo", "--backend", "numpy", "--device", "cuda"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "error: backend 'numpy' does not run on device 'cuda' (use --backend torch or cupy "
+        "for cuda)\n"
+    )

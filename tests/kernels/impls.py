@@ -3,8 +3,11 @@
 ``numba``: the NumPy + Numba kernels (the default backend). ``xp-*``: the array-namespace
 kernels of :mod:`pagedattn.backends.xp_kernels` on NumPy, torch CPU (both always run, so the
 non-NumPy code path is part of ``make test``), torch CUDA and CuPy (skipped without a GPU).
-Each carries ``to_backend`` (host NumPy -> the backend's array); results come back with
-:func:`pagedattn.backends.arrays.to_host`.
+``ATTENTION_PARAMS`` adds ``xp-strict``: the decode / prefill kernels on ``array_api_strict``,
+the array API's reference namespace, which has nothing outside the standard: what passes there
+uses only the standard, so runs the same on any conforming library (CuPy included).
+(``write_kv``'s integer-array assignment is outside the standard: not run there.)
+Each carries ``to_backend`` (host NumPy -> the backend's array) and ``to_host``.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import numpy as np
 import pytest
 
 from pagedattn.backends import BackendError, BackendSpec, resolve_backend
-from pagedattn.backends.arrays import PagedOps, paged_ops, to_backend
+from pagedattn.backends.arrays import PagedOps, paged_ops, to_backend, to_host
 
 
 @dataclass(frozen=True)
 class Impl:
     ops: PagedOps
     to_backend: Callable[[np.ndarray], Any]
+    to_host: Callable[[Any], np.ndarray] = to_host
 
 
 def skip_reason(name: str, device: str) -> str | None:
@@ -48,6 +52,10 @@ def impl(kind: str) -> Impl:
     xp_ops = PagedOps(
         xp_kernels.write_kv, xp_kernels.paged_attention_decode, xp_kernels.paged_attention_prefill
     )
+    if kind == "xp-strict":
+        import array_api_strict
+
+        return Impl(xp_ops, array_api_strict.asarray, lambda a: np.asarray(a))
     name, _, device = kind.removeprefix("xp-").partition("-")
     spec = BackendSpec(name, device or "cpu")
     return Impl(xp_ops, lambda a: to_backend(a, spec))
@@ -65,4 +73,13 @@ IMPL_PARAMS = [
     _param("xp-torch-cpu", "torch", "cpu"),
     _param("xp-torch-cuda", "torch", "cuda"),
     _param("xp-cupy-cuda", "cupy", "cuda"),
+]
+_STRICT = importlib.util.find_spec("array_api_strict") is None
+ATTENTION_PARAMS = [
+    *IMPL_PARAMS,
+    pytest.param(
+        "xp-strict",
+        id="xp-strict",
+        marks=[pytest.mark.skipif(_STRICT, reason="array-api-strict is not installed")],
+    ),
 ]

@@ -19,9 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_array_api_obj, is_cupy_array, is_numpy_array, is_torch_array
 
-from pagedattn.backends import BackendSpec, array_module
+from pagedattn.backends import BackendError, BackendSpec, array_module
+
+try:
+    from array_api_compat import is_array_api_obj, is_cupy_array, is_numpy_array, is_torch_array
+except ImportError as e:  # the torch / cupy extras install it; numpy never imports this module
+    raise BackendError(
+        "the torch and cupy backends need array-api-compat: pip install 'array-api-compat>=1.9'"
+    ) from e
 
 
 def to_backend(a: Any, spec: BackendSpec) -> Any:
@@ -46,7 +52,10 @@ def to_backend(a: Any, spec: BackendSpec) -> Any:
     if spec.name == "torch":
         if is_torch_array(a):
             return a.to(spec.device)
-        return xp.from_numpy(np.ascontiguousarray(to_host(a))).to(spec.device)
+        host = np.ascontiguousarray(to_host(a))
+        if not host.flags.writeable:  # torch must not alias a read-only buffer
+            host = host.copy()
+        return xp.from_numpy(host).to(spec.device)
     if is_cupy_array(a):
         return a
     return xp.asarray(to_host(a))  # CuPy: host to the current device

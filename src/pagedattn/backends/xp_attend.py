@@ -72,7 +72,10 @@ def gather_plan(
 
 
 def gather_pages(xp: Any, cache: Any, page_ids: Any, num_seqs: int) -> Any:
-    """``cache[page_ids]`` as ``(num_seqs, num_kv_heads, R * page_size, head_dim)``.
+    """``cache[page_ids]`` as ``(num_kv_heads, num_seqs, R * page_size, head_dim)``.
+
+    Pages are taken along the cache's contiguous first axis (taking along a strided view
+    makes torch copy the whole cache first), then reordered kv-head-major in one copy.
 
     Args:
         cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``.
@@ -81,8 +84,8 @@ def gather_pages(xp: Any, cache: Any, page_ids: Any, num_seqs: int) -> Any:
     _, num_kv_heads, page_size, head_dim = cache.shape
     tiles = xp.take(cache, page_ids, axis=0)  # (num_seqs * R, kv_heads, page_size, head_dim)
     tiles = xp.reshape(tiles, (num_seqs, -1, num_kv_heads, page_size, head_dim))
-    tiles = xp.permute_dims(tiles, (0, 2, 1, 3, 4))
-    return xp.reshape(tiles, (num_seqs, num_kv_heads, -1, head_dim))
+    tiles = xp.permute_dims(tiles, (2, 0, 1, 3, 4))
+    return xp.reshape(tiles, (num_kv_heads, num_seqs, -1, head_dim))
 
 
 def attend(
@@ -100,42 +103,51 @@ def attend(
     """Exact softmax attention of query rows over gathered keys.
 
     Args:
-        q: float32 ``(B, num_kv_heads, group, M, head_dim)``: M rows per batch entry, the
+        q: float32 ``(num_kv_heads, B, group, M, head_dim)``: M rows per batch entry, the
             query heads of each kv head together; ``q_sink`` the same or None.
-        k, v: float32 ``(B, num_kv_heads, K, head_dim)`` from :func:`gather_pages`.
+        k, v: float32 ``(num_kv_heads, B, K, head_dim)`` from :func:`gather_pages`.
         row_pos: int64 ``(B, M)`` position of every query row.
         key_pos: int64 ``(B, K)`` position of every key, ``-1`` = no key.
         scale: multiplier of ``q . k``.
 
     Returns:
-        ``out`` float32 ``(B, num_kv_heads, group, M, head_dim)`` and ``lse`` float32
-        ``(B, num_kv_heads, group, M)`` (natural log; ``-inf`` and zeros where a row sees no
+        ``out`` float32 ``(num_kv_heads, B, group, M, head_dim)`` and ``lse`` float32
+        ``(num_kv_heads, B, group, M)`` (natural log; ``-inf`` and zeros where a row sees no
         key, never NaN, whatever the unseen keys hold).
     """
-    keys = xp.expand_dims(key_pos, axis=1)  # (B, 1, K)
-    rows = xp.expand_dims(row_pos, axis=2)  # (B, M, 1)
-    visible = (keys >= 0) & (keys <= rows)
+    key_col = xp.expand_dims(key_pos, axis=1)  # (B, 1, K)
+    row_col = xp.expand_dims(row_pos, axis=2)  # (B, M, 1)
+    visible = (key_col >= 0) & (key_col <= row_col)  # (B, M, K)
     if sliding_window is not None:
-        visible = visible & ((keys > rows - sliding_window) | (keys < num_sink_tokens))
-    kt = xp.expand_dims(xp.matrix_transpose(k), axis=2)  # (B, kv_heads, 1, head_dim, K)
-    scores = xp.matmul(q, kt) * scale  # (B, kv_heads, group, M, K)
+        visible = visible & ((key_col > row_col - sliding_window) | (key_col < num_sink_tokens))
+    num_kv_heads, batch, group, rows, head_dim = q.shape
+    num_keys = k.shape[2]
+    kt = xp.matrix_transpose(k)  # (kv_heads, B, head_dim, K)
+
+    def scores_of(x: Any) -> Any:  # (kv_heads, B, group, M, K): (group * M) x K per head
+        flat = xp.reshape(x, (num_kv_heads, batch, group * rows, head_dim))
+        scores = xp.reshape(xp.matmul(flat, kt), (num_kv_heads, batch, group, rows, num_keys))
+        return scores * scale
+
+    scores = scores_of(q)
     if q_sink is not None and num_sink_tokens > 0:
-        is_sink = (key_pos >= 0) & (key_pos < num_sink_tokens)
-        sink_scores = xp.matmul(q_sink, kt) * scale
-        scores = xp.where(xp.reshape(is_sink, (-1, 1, 1, 1, is_sink.shape[1])), sink_scores, scores)
+        is_sink = (key_pos >= 0) & (key_pos < num_sink_tokens)  # (B, K)
+        sink = xp.reshape(is_sink, (1, batch, 1, 1, num_keys))
+        scores = xp.where(sink, scores_of(q_sink), scores)
     dev = device(q)
     neg_inf = xp.asarray(-math.inf, dtype=xp.float32, device=dev)
     zero = xp.asarray(0.0, dtype=xp.float32, device=dev)
     one = xp.asarray(1.0, dtype=xp.float32, device=dev)
-    scores = xp.where(xp.expand_dims(visible, axis=(1, 2)), scores, neg_inf)
+    scores = xp.where(xp.expand_dims(visible, axis=(0, 2)), scores, neg_inf)
     # Keys no row sees may hold anything (NaN in a freed page): keep them out of p @ v.
     seen_key = xp.any(visible, axis=1)  # (B, K)
-    v = xp.where(xp.expand_dims(seen_key, axis=(1, 3)), v, zero)
+    v = xp.where(xp.expand_dims(seen_key, axis=(0, 3)), v, zero)
     row_max = xp.max(scores, axis=-1, keepdims=True)
     safe_max = xp.where(row_max > neg_inf, row_max, zero)
     p = xp.exp(scores - safe_max)  # exp(-inf) = 0 on unseen keys
     denom = xp.sum(p, axis=-1, keepdims=True)
     seen = denom > zero
-    out = xp.matmul(p, xp.expand_dims(v, axis=2)) / xp.where(seen, denom, one)
+    p_flat = xp.reshape(p, (num_kv_heads, batch, group * rows, num_keys))
+    out = xp.reshape(xp.matmul(p_flat, v), q.shape) / xp.where(seen, denom, one)
     lse = xp.where(seen, safe_max + xp.log(xp.where(seen, denom, one)), neg_inf)
     return out, lse[..., 0]

@@ -7,9 +7,13 @@ these kernels reuse on the host).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 from array_api_compat import array_namespace, device, is_array_api_obj
+
+from pagedattn.kernels.paged_checks import check_window
 
 CACHE_SHAPE = "(num_pages, num_kv_heads, page_size, head_dim)"
 
@@ -95,3 +99,27 @@ def check_query(
     if q_sink is not None:
         check_float("q_sink", q_sink, xp, (rows, num_heads, head_dim), q_shape)
     return rows, num_heads
+
+
+def check_attention(
+    q: Any,
+    q_sink: Any,
+    k_cache: Any,
+    v_cache: Any,
+    q_shape: str,
+    scale: float | None,
+    sliding_window: int | None,
+    num_sink_tokens: int,
+) -> tuple[Any, Any, tuple[int, int, int, int], int, float]:
+    """Check the float arguments and mask options of a paged attention call.
+
+    Returns:
+        (namespace, device, (num_pages, num_kv_heads, page_size, head_dim), num_heads,
+        the scale as the float32 value the kernels multiply by).
+    """
+    xp, dev = namespace("q, q_sink, k_cache, v_cache", q, q_sink, k_cache, v_cache)
+    dims = check_caches(k_cache, v_cache, xp)
+    _, num_heads = check_query(q, q_sink, xp, dims[1], dims[3], q_shape)
+    check_window(sliding_window, num_sink_tokens)
+    scale32 = float(np.float32(1.0 / math.sqrt(dims[3]) if scale is None else scale))
+    return xp, dev, dims, num_heads, scale32

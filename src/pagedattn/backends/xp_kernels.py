@@ -26,8 +26,8 @@ import numpy as np
 
 from pagedattn.backends.arrays import host_ints
 from pagedattn.backends.xp_attend import attend, gather_pages, gather_plan, read_entries
-from pagedattn.backends.xp_checks import check_caches, check_float, check_query, namespace
-from pagedattn.kernels.paged_checks import check_pages, check_window, int_array
+from pagedattn.backends.xp_checks import check_attention, check_caches, check_float, namespace
+from pagedattn.kernels.paged_checks import check_pages, int_array
 
 PREFILL_BLOCK_ROWS = 128  # query rows attended together: bounds the score block in memory
 
@@ -71,24 +71,6 @@ def write_kv(k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> N
     v_cache[pages, :, offsets, :] = xp.take(v, rows, axis=0)
 
 
-def _setup(
-    q: Any,
-    q_sink: Any,
-    k_cache: Any,
-    v_cache: Any,
-    q_shape: str,
-    scale: float | None,
-    sliding_window: int | None,
-    num_sink_tokens: int,
-) -> tuple[Any, Any, tuple[int, int, int, int], int, float]:
-    xp, dev = namespace("q, q_sink, k_cache, v_cache", q, q_sink, k_cache, v_cache)
-    dims = check_caches(k_cache, v_cache, xp)
-    _, num_heads = check_query(q, q_sink, xp, dims[1], dims[3], q_shape)
-    check_window(sliding_window, num_sink_tokens)
-    scale32 = float(np.float32(1.0 / math.sqrt(dims[3]) if scale is None else scale))
-    return xp, dev, dims, num_heads, scale32
-
-
 def _empty(xp: Any, dev: Any, rows: int, num_heads: int, head_dim: int) -> tuple[Any, Any]:
     out = xp.zeros((rows, num_heads, head_dim), dtype=xp.float32, device=dev)
     lse = xp.full((rows, num_heads), -math.inf, dtype=xp.float32, device=dev)
@@ -127,7 +109,7 @@ def paged_attention_decode(
             or devices.
     """
     q_shape = "(num_seqs, num_heads, head_dim)"
-    xp, dev, dims, num_heads, scale32 = _setup(
+    xp, dev, dims, num_heads, scale32 = check_attention(
         q, q_sink, k_cache, v_cache, q_shape, scale, sliding_window, num_sink_tokens
     )
     num_pages, num_kv_heads, page_size, head_dim = dims
@@ -147,12 +129,16 @@ def paged_attention_decode(
     ids = xp.asarray(page_ids.reshape(-1), device=dev)
     k = gather_pages(xp, k_cache, ids, num_seqs)
     v = gather_pages(xp, v_cache, ids, num_seqs)
-    group_shape = (num_seqs, num_kv_heads, num_heads // num_kv_heads, 1, head_dim)
-    qs = None if q_sink is None else xp.reshape(q_sink, group_shape)
+    group = num_heads // num_kv_heads
+
+    def grouped(x: Any) -> Any:  # (seqs, heads, D) -> (kv_heads, seqs, group, 1, D)
+        x = xp.reshape(x, (num_seqs, num_kv_heads, group, 1, head_dim))
+        return xp.permute_dims(x, (1, 0, 2, 3, 4))
+
     out, lse = attend(
         xp,
-        xp.reshape(q, group_shape),
-        qs,
+        grouped(q),
+        None if q_sink is None else grouped(q_sink),
         k,
         v,
         xp.asarray(p_last[:, None], device=dev),
@@ -161,8 +147,9 @@ def paged_attention_decode(
         sliding_window,
         num_sink_tokens,
     )
-    out = xp.reshape(out, (num_seqs, num_heads, head_dim))
-    return (out, xp.reshape(lse, (num_seqs, num_heads))) if return_lse else out
+    out = xp.reshape(xp.permute_dims(out, (1, 0, 2, 3, 4)), (num_seqs, num_heads, head_dim))
+    lse = xp.reshape(xp.permute_dims(lse, (1, 0, 2, 3)), (num_seqs, num_heads))
+    return (out, lse) if return_lse else out
 
 
 def paged_attention_prefill(
@@ -202,7 +189,7 @@ def paged_attention_prefill(
             or devices.
     """
     q_shape = "(num_tokens, num_heads, head_dim)"
-    xp, dev, dims, num_heads, scale32 = _setup(
+    xp, dev, dims, num_heads, scale32 = check_attention(
         q, q_sink, k_cache, v_cache, q_shape, scale, sliding_window, num_sink_tokens
     )
     num_pages, num_kv_heads, page_size, head_dim = dims
@@ -276,9 +263,9 @@ def _prefill_block(
     ids = xp.asarray(page_ids.reshape(-1), device=dev)
     k, v = gather_pages(xp, k_cache, ids, 1), gather_pages(xp, v_cache, ids, 1)
 
-    def grouped(x: Any) -> Any:  # (rows, heads, D) -> (1, kv_heads, group, rows, D)
+    def grouped(x: Any) -> Any:  # (rows, heads, D) -> (kv_heads, 1, group, rows, D)
         x = xp.reshape(x[a:b, ...], (rows, num_heads // group, group, head_dim))
-        return xp.expand_dims(xp.permute_dims(x, (1, 2, 0, 3)), axis=0)
+        return xp.expand_dims(xp.permute_dims(x, (1, 2, 0, 3)), axis=1)
 
     row_pos = xp.asarray(np.arange(first, first + rows, dtype=np.int64)[None, :], device=dev)
     out, lse = attend(
@@ -293,6 +280,6 @@ def _prefill_block(
         sliding_window,
         num_sink_tokens,
     )
-    out = xp.reshape(xp.permute_dims(out[0, ...], (2, 0, 1, 3)), (rows, num_heads, head_dim))
-    lse = xp.reshape(xp.permute_dims(lse[0, ...], (2, 0, 1)), (rows, num_heads))
+    out = xp.reshape(xp.permute_dims(out[:, 0, ...], (2, 0, 1, 3)), (rows, num_heads, head_dim))
+    lse = xp.reshape(xp.permute_dims(lse[:, 0, ...], (2, 0, 1)), (rows, num_heads))
     return out, lse

@@ -133,7 +133,8 @@ class PagePool:
         else:
             xp = array_module(self.backend)
             if self.backend.name == "torch":
-                self.kv[:, :, page_id] = xp.from_numpy(np.ascontiguousarray(kv)).to(self.kv.device)
+                # a copy (records hand over read-only buffers, which torch must not alias)
+                self.kv[:, :, page_id] = xp.tensor(kv, device=self.kv.device)
             else:
                 self.kv[:, :, page_id] = xp.asarray(kv)
 

@@ -84,6 +84,7 @@ class KVStream:
         self.eviction: EvictionPolicy = eviction
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.pool = PagePool(1, max_pages, num_kv_heads, page_size, head_dim, backend=self.backend)
+        self._paged_ops = self._ops()  # here, so a missing array-api-compat fails at once
         self.manager = CacheManager(
             max_pages,
             page_size,
@@ -168,7 +169,7 @@ class KVStream:
             self.manager.evict_oldest_page(_SEQ)
         slots = self.manager.append_slots(_SEQ, [self.num_tokens])
         k_cache, v_cache = self.pool.k_cache(0), self.pool.v_cache(0)
-        ops = self._ops()
+        ops = self._paged_ops
         ops.write_kv(k_cache, v_cache, k[None, ...], v[None, ...], slots)
         self.manager.commit_written(_SEQ)
         out = ops.paged_attention_decode(

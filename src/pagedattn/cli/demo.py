@@ -33,6 +33,12 @@ def demo(
     num_kv_heads: Annotated[int, typer.Option(min=1, metavar="N")] = 3,
     head_dim: Annotated[int, typer.Option(min=1, metavar="N")] = 64,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the random tokens.")] = 0,
+    backend: Annotated[
+        str, typer.Option(help="numpy|torch|cupy: the array library of the page pool.")
+    ] = "numpy",
+    device: Annotated[
+        str | None, typer.Option(help="cpu|cuda (default: numpy/torch cpu, cupy cuda).")
+    ] = None,
 ) -> None:
     """Check every step against the dense reference; exit 1 on any mismatch above 1e-5 or if
     resident pages ever exceed --num-pages.
@@ -43,6 +49,8 @@ def demo(
     from rich.progress import Progress
     from rich.table import Table
 
+    from pagedattn.backends import resolve_backend
+    from pagedattn.cli.options import cli_errors
     from pagedattn.demo import run_demo
 
     if sliding_window:
@@ -57,6 +65,8 @@ def demo(
         raise typer.BadParameter(
             f"--num-heads ({num_heads}) must be a multiple of --num-kv-heads ({num_kv_heads})"
         )
+    with cli_errors():
+        spec = resolve_backend(backend, device)
     console = Console()
     with Progress(console=console, transient=True, disable=tokens < 1000) as progress:
         task = progress.add_task("streaming", total=tokens)
@@ -71,10 +81,13 @@ def demo(
             head_dim=head_dim,
             seed=seed,
             on_step=lambda: progress.advance(task),
+            backend=spec.name,
+            device=spec.device,
         )
 
     table = Table(
-        title=f"pagedattn demo: {tokens} tokens, page_size {page_size}", show_header=False
+        title=f"pagedattn demo: {tokens} tokens, page_size {page_size}, backend {spec}",
+        show_header=False,
     )
     table.add_row("pages resident (max / limit)", f"{report.max_pages_resident} / {num_pages}")
     table.add_row("pages resident (end)", str(report.final_pages_resident))
