@@ -45,7 +45,7 @@ def test_torch_cpu_resolves_where_torch_is_installed() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
 def test_missing_cupy_says_what_to_install() -> None:
-    with pytest.raises(BackendError, match="pip install cupy") as info:
+    with pytest.raises(BackendError, match=r"pip install .pagedattn\[cupy\].") as info:
         resolve_backend("cupy", "cuda")
     assert "\n" not in str(info.value)
 

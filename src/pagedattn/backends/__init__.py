@@ -31,7 +31,7 @@ DEFAULT_DEVICE = {"numpy": "cpu", "torch": "cpu", "cupy": "cuda"}
 _INSTALL = {
     "numpy": "pip install numpy",
     "torch": "pip install 'pagedattn[torch]' (torch==2.13.0)",
-    "cupy": "pip install cupy-cuda12x (needs an NVIDIA GPU and CUDA 12)",
+    "cupy": "pip install 'pagedattn[cupy]' (cupy-cuda12x: an NVIDIA GPU and CUDA 12)",
 }
 
 
