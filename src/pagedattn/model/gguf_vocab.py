@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 import numpy as np
@@ -107,18 +107,20 @@ def byte_level_spelling(tokens: Sequence[str]) -> list[str]:
     return out
 
 
-_ONE_SPACE_LINES = re.compile(r"(?:[^ \n]+ [^ \n]+\n)*[^ \n]+ [^ \n]+")
-
-
 def split_merges(merges: Sequence[str]) -> list[tuple[str, ...]]:
     """``"left right"`` merge strings -> ``(left, right)`` pairs, split at the first space.
 
-    When every merge has exactly one space between two non-empty parts (always, for a
-    byte-level vocabulary, whose tokens spell a space as "Ġ") one join / split does all of
-    them at C speed; otherwise each is split on its own.
+    When every merge holds exactly one space and no newline (always, for a byte-level
+    vocabulary, whose tokens spell them "Ġ" and "Ċ") one join / split does all of them at C
+    speed; otherwise each is split on its own.
     """
+    n = len(merges)
     joined = "\n".join(merges)
-    if _ONE_SPACE_LINES.fullmatch(joined):
+    if (
+        joined.count("\n") == n - 1
+        and joined.count(" ") == n
+        and all(map(str.__contains__, merges, repeat(" ")))
+    ):
         parts = joined.replace("\n", " ").split(" ")
         return list(zip(parts[0::2], parts[1::2], strict=True))
     return [tuple(m.split(" ", 1)) for m in merges]
