@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
-from pagedattn.model.gguf_header import GGML_TYPES, VALUE_TYPES, GGUFFile, read_gguf
+from pagedattn.model.gguf_header import GGUFFile, read_gguf
+from pagedattn.model.gguf_types import GGML_TYPES, VALUE_TYPES
 
 V = GGUFValueType
 

@@ -13,7 +13,7 @@ views of one read-only ``mmap`` of the file (nothing is copied or dequantized). 
 validated against the file's size before it is used, so a corrupt or hostile file raises
 :class:`ValueError` naming what is wrong instead of allocating without bound or reading past
 the end. The ``gguf`` package is not imported (its import alone costs tens of milliseconds);
-the type tables below are the spec's and are checked against ``gguf.constants`` by the tests.
+the type tables (:mod:`.gguf_types`) are the spec's, checked against ``gguf.constants``.
 """
 
 from __future__ import annotations
@@ -27,49 +27,24 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.model.gguf_types import (
+    ARRAY,
+    BOOL,
+    ELEMENT_DTYPES,
+    GGML_BY_CODE,
+    GGML_TYPES,
+    SCALAR_DTYPES,
+    SCALAR_STRUCTS,
+    STRING,
+    VALUE_NAMES,
+)
+
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8
 
-# GGUF metadata value types (spec "gguf_metadata_value_type"): name -> code.
-VALUE_TYPES = {
-    "UINT8": 0, "INT8": 1, "UINT16": 2, "INT16": 3, "UINT32": 4, "INT32": 5, "FLOAT32": 6,
-    "BOOL": 7, "STRING": 8, "ARRAY": 9, "UINT64": 10, "INT64": 11, "FLOAT64": 12,
-}  # fmt: skip
-_VALUE_NAMES = {code: name for name, code in VALUE_TYPES.items()}
-# scalar value type code -> little-endian numpy dtype (bool is one byte, 0 or 1)
-_SCALAR_DTYPES: dict[int, np.dtype[Any]] = {
-    0: np.dtype("u1"), 1: np.dtype("i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"),
-    4: np.dtype("<u4"), 5: np.dtype("<i4"), 6: np.dtype("<f4"), 7: np.dtype("u1"),
-    10: np.dtype("<u8"), 11: np.dtype("<i8"), 12: np.dtype("<f8"),
-}  # fmt: skip
-_SCALAR_STRUCTS = {
-    code: struct.Struct("<" + fmt)
-    for code, fmt in zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIifBQqd", strict=True)
-}
-_STRING, _ARRAY, _BOOL = 8, 9, 7
-
-# ggml tensor types (ggml.h ``enum ggml_type``): name -> (code, elements per block, bytes per block)
-GGML_TYPES = {
-    "F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20),
-    "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34), "Q8_1": (9, 32, 40),
-    "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
-    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "Q8_K": (15, 256, 292),
-    "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74), "IQ3_XXS": (18, 256, 98),
-    "IQ1_S": (19, 256, 50), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110),
-    "IQ2_S": (22, 256, 82), "IQ4_XS": (23, 256, 136), "I8": (24, 1, 1), "I16": (25, 1, 2),
-    "I32": (26, 1, 4), "I64": (27, 1, 8), "F64": (28, 1, 8), "IQ1_M": (29, 256, 56),
-    "BF16": (30, 1, 2), "TQ1_0": (34, 256, 54), "TQ2_0": (35, 256, 66), "MXFP4": (39, 32, 17),
-    "NVFP4": (40, 64, 36), "Q1_0": (41, 128, 18),
-}  # fmt: skip
-_GGML_BY_CODE = {code: (name, block, size) for name, (code, block, size) in GGML_TYPES.items()}
-# element dtype of the types ``gguf.GGUFReader`` exposes element-wise (others: raw uint8 blocks)
-_ELEMENT_DTYPES: dict[str, np.dtype[Any]] = {
-    "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "I8": np.dtype("i1"),
-    "I16": np.dtype("<i2"), "I32": np.dtype("<i4"), "I64": np.dtype("<i8"),
-}  # fmt: skip
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _INT64_MAX = (1 << 63) - 1
 
@@ -193,35 +168,35 @@ class _Cursor:
 
     def value(self, code: int, what: str, depth: int = 0) -> tuple[Any, tuple[str, ...]]:
         """One value of type ``code`` and its type names."""
-        if code == _STRING:
+        if code == STRING:
             return self.string(what), ("STRING",)
-        if code in _SCALAR_STRUCTS:
-            dtype = _SCALAR_DTYPES[code]
+        if code in SCALAR_STRUCTS:
+            dtype = SCALAR_DTYPES[code]
             self.need(dtype.itemsize, what)
-            (raw,) = _SCALAR_STRUCTS[code].unpack_from(self.buf, self.pos)
+            (raw,) = SCALAR_STRUCTS[code].unpack_from(self.buf, self.pos)
             self.pos += dtype.itemsize
-            return (bool(raw) if code == _BOOL else raw), (_VALUE_NAMES[code],)
-        if code != _ARRAY:
+            return (bool(raw) if code == BOOL else raw), (VALUE_NAMES[code],)
+        if code != ARRAY:
             raise self.fail(f"{what}: unknown value type {code}")
         if depth >= MAX_ARRAY_NESTING:
             raise self.fail(f"{what}: arrays nested deeper than {MAX_ARRAY_NESTING}")
         sub = self.u32(f"{what} element type")
         count = self.u64(f"{what} length")
-        if sub in _SCALAR_DTYPES:
-            dtype = _SCALAR_DTYPES[sub]
-            self.need(count * dtype.itemsize, f"{what} ({count} x {_VALUE_NAMES[sub]})")
+        if sub in SCALAR_DTYPES:
+            dtype = SCALAR_DTYPES[sub]
+            self.need(count * dtype.itemsize, f"{what} ({count} x {VALUE_NAMES[sub]})")
             values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
             self.pos += count * dtype.itemsize
-            return (values != 0 if sub == _BOOL else values), ("ARRAY", _VALUE_NAMES[sub])
-        if sub == _STRING:
+            return (values != 0 if sub == BOOL else values), ("ARRAY", VALUE_NAMES[sub])
+        if sub == STRING:
             return self.strings(count, what), ("ARRAY", "STRING")
-        if sub != _ARRAY:
+        if sub != ARRAY:
             raise self.fail(f"{what}: unknown array element type {sub}")
         self.need(12 * count, what)  # each inner array is at least its type and length
         items: list[Any] = []
         types: tuple[str, ...] = ("ARRAY", "ARRAY")
         for i in range(count):
-            item, types = self.value(_ARRAY, f"{what}[{i}]", depth + 1)
+            item, types = self.value(ARRAY, f"{what}[{i}]", depth + 1)
             items.append(item)
         return items, ("ARRAY", *types)
 
@@ -290,9 +265,9 @@ def _tensor_info(cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], str, int]:
         raise cur.fail(f"tensor {name!r} has {n_dims} dims (at most {MAX_DIMS})")
     shape = tuple(cur.u64(f"tensor {name!r} dim") for _ in range(n_dims))
     code = cur.u32(f"tensor {name!r} type")
-    if code not in _GGML_BY_CODE:
+    if code not in GGML_BY_CODE:
         raise cur.fail(f"tensor {name!r} has unknown ggml type {code}")
-    return name, shape, _GGML_BY_CODE[code][0], cur.u64(f"tensor {name!r} offset")
+    return name, shape, GGML_BY_CODE[code][0], cur.u64(f"tensor {name!r} offset")
 
 
 def _tensors(
@@ -330,7 +305,7 @@ def _tensors(
                 f"file has {whole.size}"
             )
         dims = shape[::-1]
-        dtype = _ELEMENT_DTYPES.get(type_name)
+        dtype = ELEMENT_DTYPES.get(type_name)
         raw = whole[start : start + n_bytes]
         if dtype is not None:
             data = raw.view(dtype).reshape(dims)
