@@ -32,7 +32,7 @@ def test_bench_generate_prints_table_and_positive_figures(
     out = tmp_path / "gen.json"
     args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--prompt-len", "40", "--output-len", "6", "--repeats", "1", "--threads", "1",
-            "--no-hf", "--json", str(out)]  # fmt: skip
+            "--no-hf", "--no-startup", "--json", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "bench generate: tiny.gguf" in result.stdout and "prefill tok/s" in result.stdout
@@ -104,7 +104,7 @@ def test_bench_generate_with_hf_reference_on_the_tiny_gguf(
     out = tmp_path / "gen.json"
     args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--prompt-len", "24", "--output-len", "3", "--repeats", "1", "--threads", "1",
-            "--json", str(out)]  # fmt: skip
+            "--no-startup", "--json", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "ours / HF" in result.stdout

@@ -25,6 +25,9 @@ def bench_generate(
     repeats: Annotated[int, typer.Option(help="Timed prefills (median).")] = 3,
     threads: Annotated[int, typer.Option(help="numba / BLAS / torch threads.")] = 2,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
+    startup: Annotated[
+        bool, typer.Option(help='Also time cold `generate "Hi" --max-tokens 1` (2 s target).')
+    ] = True,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -74,6 +77,11 @@ def bench_generate(
 
                 results[side] = run_worker(f"generate-{side}", args, threads, update)
         load = os.getloadavg()
+    if startup:  # issue 13: start-up row (its own table, see pagedattn.bench.startup)
+        from pagedattn.bench.startup import report_startup
+
+        with cli_errors():
+            results["startup"] = report_startup(console, str(path), threads, repeats)
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=2), encoding="utf-8")
 

@@ -6,9 +6,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
-from rich.progress import Progress
-
 from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import CompletionOutput, RequestOutput
@@ -108,6 +105,9 @@ class LLM:
             rid = self.engine.add_request(prompt, p)
             order.append(rid)
         # The bar goes to stderr and only to a terminal: stdout stays the caller's.
+        from rich.console import Console  # lazily: `pagedattn generate` never draws a bar
+        from rich.progress import Progress
+
         console = Console(stderr=True)
         show = use_tqdm and console.is_terminal
         mine = set(order)

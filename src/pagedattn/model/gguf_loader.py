@@ -1,7 +1,8 @@
 """Read a llama.cpp GGUF file: metadata -> ModelConfig, tensors -> float32 in Hugging Face layout.
 
-Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, parsed with the ``gguf``
-package (``GGUFReader`` + ``gguf.quants.dequantize``). llama.cpp's converter permutes the rows of
+Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, parsed by :mod:`.gguf_header`
+(tensors other than F32 / F16 / F64 and the block-form Q4_0 / Q4_1 / Q8_0 are dequantized with
+``gguf.quants.dequantize`` when looked up). llama.cpp's converter permutes the rows of
 ``attn_q`` / ``attn_k`` so that its interleaved ("GPT-J") RoPE matches the rotate-half RoPE of the
 Hugging Face checkpoint; :func:`reverse_permute` undoes that exactly as transformers' GGUF
 integration does, so our weights are in HF layout and we use HF's rotate-half RoPE.
@@ -9,7 +10,6 @@ integration does, so our weights are in HF layout and we use HF's rotate-half Ro
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.model.gguf_header import GGUFFile, GGUFTensorInfo, read_gguf
 from pagedattn.model.quantized import SUPPORTED as QUANTIZED_TYPES
 from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks
 
@@ -75,38 +76,44 @@ def reverse_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weight.shape))  # (heads*head_dim, in)
 
 
-def open_gguf(path: Path) -> Any:
-    """Parse a GGUF header with ``gguf.GGUFReader``, checking every tensor lies inside the file.
+def open_gguf(path: Path) -> GGUFFile:
+    """Parse a GGUF header (:func:`.gguf_header.read_gguf`); every tensor lies inside the file.
 
     Raises:
         ValueError: the file is not a GGUF, is truncated or otherwise unparsable.
     """
-    from gguf import GGUFReader
+    return read_gguf(path)
+
+
+def field_value(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    """A GGUF metadata value (scalar, string, array), or ``default`` when the key is absent."""
+    return reader.get(key, default)
+
+
+def tensor_to_float32(tensor: GGUFTensorInfo) -> np.ndarray:
+    """A tensor's values as float32 in numpy order (``tensor.shape[::-1]``); F32 is a view of
+    the file, F16 / F64 are widened / narrowed, other types go through
+    ``gguf.quants.dequantize`` (imported only then).
+
+    Raises:
+        ValueError: a type the ``gguf`` package cannot dequantize.
+    """
+    dims = tuple(int(d) for d in tensor.shape[::-1])
+    if tensor.type_name in ("F32", "F16", "F64"):
+        return np.asarray(tensor.data, dtype=np.float32).reshape(dims)
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
 
     try:
-        reader = GGUFReader(str(path), "r")
-    except Exception as exc:  # the reader raises several types on garbage input
-        raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
-    size = os.path.getsize(path)
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size or tensor.data.nbytes != int(tensor.n_bytes):
-            raise ValueError(
-                f"{path}: truncated GGUF: tensor {tensor.name!r} needs bytes up to {end}, "
-                f"file has {size}"
-            )
-    return reader
+        w = dequantize(tensor.data, GGMLQuantizationType[tensor.type_name])
+    except NotImplementedError as exc:
+        raise ValueError(
+            f"tensor {tensor.name!r}: type {tensor.type_name} is not supported"
+        ) from exc
+    return np.asarray(w, dtype=np.float32).reshape(dims)
 
 
-def field_value(reader: Any, key: str, default: Any = None) -> Any:
-    """A GGUF metadata value (scalar, string or list), or ``default`` when the key is absent."""
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
-
-
-def gguf_config(reader: Any, path: Path) -> ModelConfig:
+def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (``{arch}.block_count`` etc.).
 
     Raises:
@@ -140,10 +147,10 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
             "is not supported"
         )
     factors = _rope_freq_factors(reader, path, head_dim)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = reader.get("tokenizer.ggml.tokens")
     vocab = field_value(reader, f"{arch}.vocab_size")
     if vocab is None and tokens is not None:
-        vocab = len(tokens.data)
+        vocab = len(tokens)
     bos = field_value(reader, "tokenizer.ggml.bos_token_id")
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
     return ModelConfig(
@@ -167,14 +174,12 @@ def gguf_config(reader: Any, path: Path) -> ModelConfig:
     )
 
 
-def _rope_freq_factors(reader: Any, path: Path, head_dim: int) -> tuple[float, ...] | None:
+def _rope_freq_factors(reader: GGUFFile, path: Path, head_dim: int) -> tuple[float, ...] | None:
     """The ``rope_freqs.weight`` divisors (llama.cpp ``ggml_rope_ext`` freq_factors), or None."""
-    from gguf.quants import dequantize
-
     tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     if tensor is None:
         return None
-    values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).ravel()
+    values = tensor_to_float32(tensor).ravel()
     if values.shape != (head_dim // 2,) or not np.all(np.isfinite(values) & (values > 0)):
         raise ValueError(
             f"{path}: tensor {ROPE_FREQS!r} must hold head_dim / 2 = {head_dim // 2} positive "
@@ -204,7 +209,9 @@ class LazyWeights(Mapping[str, np.ndarray]):
         return len(self._arrays) + len(self._lazy)
 
 
-def gguf_weights(reader: Any, config: ModelConfig) -> tuple[LazyWeights, dict[str, BlockQuantized]]:
+def gguf_weights(
+    reader: GGUFFile, config: ModelConfig
+) -> tuple[LazyWeights, dict[str, BlockQuantized]]:
     """Every used tensor, renamed to HF and with q/k rows un-permuted, without dequantizing.
 
     Q4_0 / Q4_1 / Q8_0 matrices come back in block form (views of the memory-mapped file; q/k
@@ -218,17 +225,9 @@ def gguf_weights(reader: Any, config: ModelConfig) -> tuple[LazyWeights, dict[st
             forward does not use (named: a bias, ``rope_factors_long``...; ``rope_freqs.weight``
             is read by :func:`gguf_config`), which we refuse rather than silently ignore.
     """
-    from gguf.quants import dequantize
 
-    def to_float(tensor: Any, num_heads: int | None) -> np.ndarray:
-        try:
-            w = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise ValueError(
-                f"tensor {tensor.name!r}: type {tensor.tensor_type.name} is not supported"
-            ) from exc
-        # GGUF lists dims fastest-first; numpy wants them slowest-first.
-        w = np.asarray(w, dtype=np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
+    def to_float(tensor: GGUFTensorInfo, num_heads: int | None) -> np.ndarray:
+        w = tensor_to_float32(tensor)  # GGUF lists dims fastest-first; numpy slowest-first
         return np.ascontiguousarray(w if num_heads is None else reverse_permute(w, num_heads))
 
     arrays: dict[str, np.ndarray] = {}
@@ -246,7 +245,7 @@ def gguf_weights(reader: Any, config: ModelConfig) -> tuple[LazyWeights, dict[st
             )
         num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
         shape = tuple(int(d) for d in tensor.shape[::-1])
-        kind = tensor.tensor_type.name
+        kind = tensor.type_name
         if kind in QUANTIZED_TYPES and len(shape) == 2 and shape[1] % 32 == 0:
             block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
             if num_heads is not None:
@@ -259,6 +258,7 @@ def gguf_weights(reader: Any, config: ModelConfig) -> tuple[LazyWeights, dict[st
     return LazyWeights(arrays, lazy), quantized
 
 
-def gguf_tokenizer_metadata(reader: Any) -> dict[str, Any]:
-    """Every ``tokenizer.*`` metadata value of the file (vocabulary, merges, types, template...)."""
-    return {key: field_value(reader, key) for key in reader.fields if key.startswith("tokenizer.")}
+def gguf_tokenizer_metadata(reader: GGUFFile) -> dict[str, Any]:
+    """Every ``tokenizer.*`` metadata value of the file (vocabulary, merges, types, template...);
+    numeric arrays (token types, scores) are numpy arrays, string arrays lists."""
+    return {k: v for k, v in reader.metadata.items() if k.startswith("tokenizer.")}
