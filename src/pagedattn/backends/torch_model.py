@@ -93,7 +93,10 @@ class TorchLlamaModel:
 
         def dev(*names: str) -> Any:
             arr = np.concatenate([host(n) for n in names]) if len(names) > 1 else host(names[0])
-            return torch.from_numpy(np.ascontiguousarray(arr)).to(self.device, self.dtype)
+            arr = np.array(
+                arr, dtype=np.float32
+            )  # a writable copy (GGUF arrays are read-only maps)
+            return torch.from_numpy(arr).to(self.device, self.dtype)
 
         self.embed = dev("model.embed_tokens.weight")  # (V, H)
         self.lm_head = self.embed if config.tie_word_embeddings else dev("lm_head.weight")

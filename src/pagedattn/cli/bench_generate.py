@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
 from pagedattn.cli.options import ModelOption, cli_errors
 
@@ -25,6 +26,7 @@ def bench_generate(
     repeats: Annotated[int, typer.Option(help="Timed prefills (median).")] = 3,
     threads: Annotated[int, typer.Option(help="numba / BLAS / torch threads.")] = 2,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
+    backend: BackendsOption = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -37,6 +39,7 @@ def bench_generate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pagedattn.bench import backends as bench_backends
     from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
     from pagedattn.bench.cpu import cpu_line
@@ -57,6 +60,8 @@ def bench_generate(
             "output_len": output_len,
             "repeats": repeats,
         }
+        specs = bench_backends.parse_backends(backend)
+        args.update(bench_backends.backend_args(specs[0]))
         results: dict[str, dict[str, Any]] = {}
         columns = [
             TextColumn("{task.description}"),
@@ -73,9 +78,13 @@ def bench_generate(
                     progress.update(task, description=phase, completed=done, total=total)
 
                 results[side] = run_worker(f"generate-{side}", args, threads, update)
+            by_backend = bench_backends.measure_backends(
+                "generate-ours", args, specs, threads, progress, results["ours"]
+            )
         load = os.getloadavg()
     if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        extra = {"backends": by_backend} if len(by_backend) > 1 else {}
+        json_out.write_text(json.dumps({**results, **extra}, indent=2), encoding="utf-8")
 
     table = Table(
         title=f"bench generate: {path.name}, {threads} threads, "
@@ -107,6 +116,11 @@ def bench_generate(
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:
         console.print(peer_table)
+    if len(by_backend) > 1:
+        backend_rows = [("prefill tok/s", "prefill_tok_s"), ("decode tok/s", "decode_tok_s")]
+        console.print(
+            bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
+        )
     console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
