@@ -124,3 +124,22 @@ def test_out_of_pool_ids_are_refused(field: str, value: np.ndarray, fragment: st
     batch = _slots_batch(np.array([0], np.int64))
     with pytest.raises(ValueError, match=fragment):
         TorchStepAttention(torch, dataclasses.replace(batch, **{field: value}), 4, 6, "cpu")
+
+
+def test_a_row_that_sees_no_key_is_zero_as_in_the_reference(torch_backend: BackendSpec) -> None:
+    # sequence 1's only page was evicted (-1): its row sees nothing; sequence 0 is untouched
+    rng = np.random.default_rng(2)
+    kc = rng.standard_normal((3, 1, 4, 8)).astype(np.float32)
+    vc = rng.standard_normal((3, 1, 4, 8)).astype(np.float32)
+    tables = np.array([[1, 2], [-1, -1]], np.int32)
+    batch = _batch([6, 3], [1, 1], tables, 2, 0)
+    q = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    step = TorchStepAttention(torch, batch, 4, 3, torch_backend.device)
+    dev = torch_backend.device
+    t = [torch.from_numpy(a).to(dev) for a in (q, kc, vc)]
+    out = step.attention(t[0], None, t[1], t[2]).cpu().numpy()
+    k0 = np.concatenate([kc[1, :, :4], kc[2, :, :2]], axis=1).transpose(1, 0, 2)  # (6, 1, 8)
+    v0 = np.concatenate([vc[1, :, :4], vc[2, :, :2]], axis=1).transpose(1, 0, 2)
+    ref = reference_attention(q[:1], k0, v0, sliding_window=2)
+    np.testing.assert_allclose(out[:1], ref, atol=1e-5)
+    np.testing.assert_array_equal(out[1], np.zeros((2, 8), np.float32))

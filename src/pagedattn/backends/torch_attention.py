@@ -4,8 +4,9 @@ The pool layout is :mod:`pagedattn.kernels.paged`'s: one layer's K (or V) is
 ``(num_pages, num_kv_heads, page_size, head_dim)`` and token ``j`` of sequence ``s`` lives at
 ``page_tables[s, j // page_size] * page_size + j % page_size`` (PagedAttention, Kwon et al.
 2023, arXiv 2309.06180). :class:`TorchStepAttention` is built once per forward from the
-step's host tables (moved to the device once); every layer then gathers its pages
-``(num_seqs, num_kv_heads, max_keys, head_dim)`` and calls
+step's host tables (moved to the device once); every layer then gathers the pages of the
+table columns some sequence holds (evicted pages are ``-1``, so a windowed stream reads its
+window and sinks only) as ``(num_seqs, num_kv_heads, num_keys, head_dim)`` and calls
 ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask that follows
 :func:`pagedattn.kernels.reference.visible_mask` exactly: query row ``i`` of a sequence with
 ``q_len`` new tokens and ``context_len`` keys sits at ``p = context_len - q_len + i`` and sees
@@ -83,21 +84,29 @@ class TorchStepAttention:
         rows = np.where(row_valid, qsl[:-1, None] + i, 0)
         self.q_rows = as_dev(rows)
         self.row_valid = as_dev(row_valid)
-        # keys: every page of the table, masked per (sequence, row, key)
+        # keys: the table columns some sequence holds a page in (evicted pages are -1, so a
+        # long windowed stream gathers its window and sinks only), masked per (seq, row, key)
+        cols = np.flatnonzero((tables >= 0).any(axis=0))
+        tables = tables[:, cols]
         self.tables = as_dev(np.maximum(tables, 0))
-        num_keys = num_table_pages * page_size
-        j = np.arange(num_keys)[None, None, :]
+        key_pos = (cols[:, None] * page_size + np.arange(page_size)).ravel()  # (keys,)
+        num_keys = key_pos.size
+        j = key_pos[None, None, :]
         pos = (ctx - q_lens)[:, None, None] + i[:, :, None]  # (num_seqs, max_q, 1)
         present = np.repeat(tables >= 0, page_size, axis=1)[:, None, :]  # (num_seqs, 1, keys)
         mask = (j <= pos) & present
         if batch.sliding_window is not None:
             mask &= (j > pos - batch.sliding_window) | (j < batch.num_sink_tokens)
+        # a real row that sees no key gives zeros (as the reference); SDPA would give NaN
+        self.row_sees = as_dev(
+            np.asarray(mask.any(axis=-1))[:, None, :, None]
+        )  # (num_seqs, 1, max_q, 1)
         mask |= ~row_valid[:, :, None]  # padded rows see every key (their output is dropped)
         # Keys past the context or on absent pages are zeroed before SDPA: a masked key's
         # weight is 0, but 0 * NaN (a never-written slot) would still poison the row.
         self.key_ok = as_dev((j[0] < ctx[:, None]) & present[:, 0])[:, None, :, None]
         self.mask = as_dev(mask[:, None])  # (num_seqs, 1, max_q, keys)
-        self.is_sink = as_dev((np.arange(num_keys) < batch.num_sink_tokens)[:, None])
+        self.is_sink = as_dev((key_pos < batch.num_sink_tokens)[:, None])
         self.shape = (num_seqs, max_q, num_keys)
 
     def _to_device(self, device: Any) -> Any:
@@ -137,9 +146,9 @@ class TorchStepAttention:
             ``(num_tokens, num_heads, head_dim)`` of ``q``'s dtype.
         """
         torch = self.torch
-        num_seqs, max_q, _ = self.shape
+        num_seqs, max_q, num_keys = self.shape
         head_dim = q.shape[-1]
-        if num_seqs == 0 or max_q == 0:
+        if num_seqs == 0 or max_q == 0 or num_keys == 0:
             return torch.zeros_like(q)
         qp = q[self.q_rows].transpose(1, 2)  # (num_seqs, nh, max_q, D)
         k = self._gather(k_cache, q.dtype)  # (num_seqs, nkv, keys, D)
@@ -157,4 +166,5 @@ class TorchStepAttention:
             scale=1.0 / math.sqrt(head_dim),
             enable_gqa=qp.shape[1] != k.shape[1],
         )  # (num_seqs, nh, max_q, D)
+        out = torch.where(self.row_sees, out, 0)
         return out.transpose(1, 2)[self.row_valid]  # (num_tokens, nh, D), sequence-major
