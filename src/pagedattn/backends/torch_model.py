@@ -93,9 +93,7 @@ class TorchLlamaModel:
 
         def dev(*names: str) -> Any:
             arr = np.concatenate([host(n) for n in names]) if len(names) > 1 else host(names[0])
-            arr = np.array(
-                arr, dtype=np.float32
-            )  # a writable copy (GGUF arrays are read-only maps)
+            arr = np.array(arr, dtype=np.float32)  # writable copy: GGUF arrays are read-only
             return torch.from_numpy(arr).to(self.device, self.dtype)
 
         self.embed = dev("model.embed_tokens.weight")  # (V, H)
@@ -148,8 +146,10 @@ class TorchLlamaModel:
             )
 
     def _rms_norm(self, x: Any, weight: Any) -> Any:
-        var = x.pow(2).mean(-1, keepdim=True)
-        return x * self.torch.rsqrt(var + self.config.rms_norm_eps) * weight
+        """RMSNorm in float32 whatever the activation dtype (as transformers' LlamaRMSNorm)."""
+        xf = x.float()
+        var = xf.pow(2).mean(-1, keepdim=True)
+        return (xf * self.torch.rsqrt(var + self.config.rms_norm_eps)).to(x.dtype) * weight
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[Any, Any]:
         """(T, 1, D/2) cos and sin on the device (angles in float64 on the host, as NumPy's)."""
