@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedattn.backends import validate_backend
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -231,9 +233,14 @@ class EngineConfig:
         scheduler: the batching configuration.
         seed: seed of the engine generator that unseeded requests draw their own seeds from.
         kv_store: the persistent KV tier: a directory, or ``redis://HOST:PORT/DB``; None = none.
+        backend: array backend of the model and page pool: ``numpy`` (default), ``torch``
+            (``cupy`` is refused by the engine: it serves KVStream and the kernels).
+        device: ``cpu`` or ``cuda``; None = the backend's default (see
+            :mod:`pagedattn.backends`).
 
     Raises:
-        ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store.
+        ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store;
+            pagedattn.backends.BackendError (a ValueError): an unknown or invalid pair.
     """
 
     model: str | None = None
@@ -241,8 +248,11 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     seed: int = 0
     kv_store: str | None = None
+    backend: str = "numpy"
+    device: str | None = None
 
     def __post_init__(self) -> None:
+        validate_backend(self.backend, self.device)
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"EngineConfig.cache: expected a CacheConfig, got {self.cache!r}")
         if not isinstance(self.scheduler, SchedulerConfig):

@@ -59,19 +59,20 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     and off (one engine each, all on one loaded model).
 
     Args (JSON): ``model``, ``prompts``, ``shared_prompts`` (may be empty: skipped),
-        ``output_len``, ``kv_cache_mib``, ``max_num_seqs``, ``page_size``, ``threads``.
+        ``output_len``, ``kv_cache_mib``, ``max_num_seqs``, ``page_size``, ``threads``,
+        ``backend`` / ``device`` (default numpy).
     """
     import numba
 
+    from pagedattn.bench.backends import worker_model
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
-    from pagedattn.model.llama import LlamaModel
     from pagedattn.model.loader import load_model
     from pagedattn.sampling_params import SamplingParams
 
     numba.set_num_threads(int(args["threads"]))
     loaded = load_model(args.get("model"))
-    model = LlamaModel.from_loaded(loaded)  # projections on the GGUF blocks
+    model = worker_model(loaded, args)  # numpy: projections on the GGUF blocks
 
     def engine(prefix_caching: bool) -> LLMEngine:
         config = engine_config(
@@ -80,6 +81,8 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
             kv_cache_mib=float(args["kv_cache_mib"]),
             max_num_seqs=int(args["max_num_seqs"]),
             enable_prefix_caching=prefix_caching,
+            backend=args.get("backend", "numpy"),
+            device=args.get("device"),
         )
         return LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 

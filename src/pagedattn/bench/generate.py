@@ -39,7 +39,8 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Our engine on one stream: prefill of the prompt and decode after it.
 
     Args (JSON): ``model`` (path or None), ``prompt_ids``, ``output_len``, ``repeats``,
-        ``threads``, ``page_size``. Prefix caching is off so every repeat computes the prompt.
+        ``threads``, ``page_size``, ``backend`` / ``device`` (default numpy). Prefix caching is
+        off so every repeat computes the prompt.
 
     Method: prefill = median over ``repeats`` requests of (first token - first scheduled) with
     ``max_tokens=1``; decode = (output_len - 1) / (last token - first token) of one greedy
@@ -47,19 +48,23 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """
     import numba
 
+    from pagedattn.bench.backends import worker_model
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
-    from pagedattn.model.llama import LlamaModel
     from pagedattn.model.loader import load_model
     from pagedattn.sampling_params import SamplingParams
 
     numba.set_num_threads(int(args["threads"]))
     prompt, output_len, repeats = list(args["prompt_ids"]), int(args["output_len"]), args["repeats"]
     config = engine_config(
-        args.get("model"), page_size=int(args.get("page_size", 16)), enable_prefix_caching=False
+        args.get("model"),
+        page_size=int(args.get("page_size", 16)),
+        enable_prefix_caching=False,
+        backend=args.get("backend", "numpy"),
+        device=args.get("device"),
     )
     loaded = load_model(args.get("model"))
-    model = LlamaModel.from_loaded(loaded)  # projections on the GGUF blocks
+    model = worker_model(loaded, args)  # numpy: projections on the GGUF blocks
     engine = LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
     total = repeats + 2
     run_one(engine, prompt[:32], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))

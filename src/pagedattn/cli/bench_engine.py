@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
 from pagedattn.cli.options import ModelOption, cli_errors
 
@@ -38,6 +39,7 @@ def bench_engine(
     threads: Annotated[int, typer.Option(help="numba / BLAS / torch threads.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the prompt sampling.")] = 0,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
+    backend: BackendsOption = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -51,6 +53,7 @@ def bench_engine(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pagedattn.bench import backends as bench_backends
     from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import (
         corpus_token_ids,
@@ -93,6 +96,8 @@ def bench_engine(
             "batch_size": hf_batch_size,
             "pad_token_id": pad,
         }
+        specs = bench_backends.parse_backends(backend)
+        args.update(bench_backends.backend_args(specs[0]))
         results: dict[str, dict[str, Any]] = {}
         columns = (
             TextColumn("{task.description}"),
@@ -111,9 +116,13 @@ def bench_engine(
                     )
 
                 results[side] = run_worker(f"engine-{side}", args, threads, update)
+            by_backend = bench_backends.measure_backends(
+                "engine-ours", args, specs, threads, progress, results["ours"]
+            )
         load = os.getloadavg()
     if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        extra = {"backends": by_backend} if len(by_backend) > 1 else {}
+        json_out.write_text(json.dumps({**results, **extra}, indent=2), encoding="utf-8")
 
     lens = [len(p) for p in prompts]
     table = Table(
@@ -151,6 +160,14 @@ def bench_engine(
             "" if ref is None else f"{r['generated_tok_s'] / ref:.2f}x",
         )
     console.print(table)
+    if len(by_backend) > 1:
+        backend_rows = [
+            ("generated tok/s", "main.generated_tok_s"),
+            ("requests/s", "main.requests_s"),
+        ]
+        console.print(
+            bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
+        )
     console.print(cpu_line())
     if "llamacpp" in results:
         lc = results["llamacpp"]["main"]["generated_tok_s"]

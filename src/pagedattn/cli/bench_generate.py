@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
 from pagedattn.cli.options import ModelOption, cli_errors
 
@@ -28,6 +29,7 @@ def bench_generate(
     startup: Annotated[
         bool, typer.Option(help='Also time cold `generate "Hi" --max-tokens 1` (2 s target).')
     ] = True,
+    backend: BackendsOption = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -40,6 +42,7 @@ def bench_generate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from pagedattn.bench import backends as bench_backends
     from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
     from pagedattn.bench.cpu import cpu_line
@@ -60,6 +63,8 @@ def bench_generate(
             "output_len": output_len,
             "repeats": repeats,
         }
+        specs = bench_backends.parse_backends(backend)
+        args.update(bench_backends.backend_args(specs[0]))
         results: dict[str, dict[str, Any]] = {}
         columns = [
             TextColumn("{task.description}"),
@@ -76,6 +81,9 @@ def bench_generate(
                     progress.update(task, description=phase, completed=done, total=total)
 
                 results[side] = run_worker(f"generate-{side}", args, threads, update)
+            by_backend = bench_backends.measure_backends(
+                "generate-ours", args, specs, threads, progress, results["ours"]
+            )
         load = os.getloadavg()
     if startup:  # issue 13: start-up row (its own table, see pagedattn.bench.startup)
         from pagedattn.bench.startup import report_startup
@@ -83,7 +91,8 @@ def bench_generate(
         with cli_errors():
             results["startup"] = report_startup(console, str(path), threads, repeats)
     if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        extra = {"backends": by_backend} if len(by_backend) > 1 else {}
+        json_out.write_text(json.dumps({**results, **extra}, indent=2), encoding="utf-8")
 
     table = Table(
         title=f"bench generate: {path.name}, {threads} threads, "
@@ -115,6 +124,11 @@ def bench_generate(
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:
         console.print(peer_table)
+    if len(by_backend) > 1:
+        backend_rows = [("prefill tok/s", "prefill_tok_s"), ("decode tok/s", "decode_tok_s")]
+        console.print(
+            bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
+        )
     console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "

@@ -21,6 +21,8 @@ import typer
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
     ENGINE,
+    BackendOption,
+    DeviceOption,
     IgnoreEosOption,
     KvCacheMibOption,
     KvStoreOption,
@@ -157,6 +159,8 @@ def chat(
     position_mode: PositionModeOption = "absolute",
     prefix_caching: PrefixCachingOption = True,
     kv_store: KvStoreOption = None,
+    backend: BackendOption = "numpy",
+    device: DeviceOption = None,
     session: Annotated[
         str | None,
         typer.Option(
@@ -199,6 +203,8 @@ def chat(
             position_mode=position_mode,
             prefix_caching=prefix_caching,
             kv_store=kv_store,
+            backend=backend,
+            device=device,
         )
         conversation = Conversation(engine.tokenizer, system)
         first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template

@@ -9,6 +9,8 @@ import typer
 
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
+    BackendOption,
+    DeviceOption,
     IgnoreEosOption,
     KvCacheMibOption,
     KvStoreOption,
@@ -59,6 +61,8 @@ def generate(
     position_mode: PositionModeOption = "absolute",
     prefix_caching: PrefixCachingOption = True,
     kv_store: KvStoreOption = None,
+    backend: BackendOption = "numpy",
+    device: DeviceOption = None,
     stats: StatsOption = False,
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
@@ -67,7 +71,7 @@ def generate(
 
     Defaults: greedy (temperature 0, reproducible), at most 128 new tokens, end-of-turn stops.
 
-    Errors print one line to stderr and exit 1.
+    Errors print one line to stderr and exit 1 (2 for an invalid or missing --backend / --device).
     """
     with cli_errors():
         params = build_sampling_params(
@@ -89,6 +93,8 @@ def generate(
             position_mode=position_mode,
             prefix_caching=prefix_caching,
             kv_store=kv_store,
+            backend=backend,
+            device=device,
         )
         tokenizer = engine.tokenizer
         if raw:

@@ -97,6 +97,25 @@ KvStoreOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+BackendOption = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        metavar="numpy|torch|cupy",
+        help="Array backend of the model and KV pool: numpy (NumPy + Numba, the default) or "
+        "torch (cupy serves KVStream and the kernels only).",
+        rich_help_panel=ENGINE,
+    ),
+]
+DeviceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        metavar="cpu|cuda",
+        help="Device of the backend; default: cpu (numpy, torch), cuda (cupy).",
+        rich_help_panel=ENGINE,
+    ),
+]
 
 # ---- sampling --------------------------------------------------------------------------------
 MaxTokensOption = Annotated[
@@ -160,6 +179,8 @@ def build_engine(
     position_mode: str,
     prefix_caching: bool = True,
     kv_store: str | None = None,
+    backend: str = "numpy",
+    device: str | None = None,
 ) -> LLMEngine:
     """Load the model and build an engine from the shared engine options.
 
@@ -168,10 +189,12 @@ def build_engine(
         page_size: tokens per page; kv_cache_mib: KV budget in MiB; sliding_window: W in
             tokens, 0 = none; sinks: sink tokens; position_mode: "absolute" or "shifted";
             prefix_caching: enable the prefix cache; kv_store: the persistent tier (a
-            directory or redis://HOST:PORT/DB) or None.
+            directory or redis://HOST:PORT/DB) or None; backend, device: the array backend
+            (:mod:`pagedattn.backends`).
 
     Raises:
-        ValueError: a value the configs reject; FileNotFoundError: a missing model.
+        ValueError: a value the configs reject; FileNotFoundError: a missing model;
+        pagedattn.backends.BackendError: an invalid or missing backend / device.
     """
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
@@ -185,6 +208,8 @@ def build_engine(
         position_mode=position_mode,
         enable_prefix_caching=prefix_caching,
         kv_store=kv_store,
+        backend=backend,
+        device=device,
     )
     return LLMEngine.from_config(config)
 
@@ -262,9 +287,14 @@ def flag_message(message: str) -> str:
 def cli_errors() -> Iterator[None]:
     """Turn expected failures (bad values, missing model files) into one line on stderr (config
     fields named by their flags, see :func:`flag_message`) and exit code 1, without a
-    traceback. Ctrl-C exits 130."""
+    traceback; a backend or device that is invalid or missing exits 2. Ctrl-C exits 130."""
+    from pagedattn.backends import BackendError
+
     try:
         yield
+    except BackendError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        raise typer.Exit(code=2) from None
     except (ValueError, FileNotFoundError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         message = flag_message(message)

@@ -9,6 +9,8 @@ import typer
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
     ENGINE,
+    BackendOption,
+    DeviceOption,
     KvCacheMibOption,
     KvStoreOption,
     ModelOption,
@@ -79,6 +81,8 @@ def serve(
         ),
     ] = None,
     kv_store: KvStoreOption = None,
+    backend: BackendOption = "numpy",
+    device: DeviceOption = None,
     default_max_tokens: Annotated[
         int,
         typer.Option(
@@ -151,6 +155,8 @@ def serve(
             long_prefill_token_threshold=long_prefill_token_threshold,
             kv_store=kv_store,
             seed=seed,
+            backend=backend,
+            device=device,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)

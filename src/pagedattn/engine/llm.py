@@ -23,18 +23,20 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
         kwargs: any CacheConfig field (page_size, num_pages, kv_cache_mib,
             enable_prefix_caching, sliding_window, num_sink_tokens, position_mode), any
             SchedulerConfig field (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-            max_model_len), ``seed`` and ``kv_store`` (a directory or ``redis://HOST:PORT/DB``).
+            max_model_len), ``seed``, ``kv_store`` (a directory or ``redis://HOST:PORT/DB``),
+            ``backend`` (numpy, torch) and ``device`` (cpu, cuda).
 
     Raises:
         ValueError: an unknown keyword, or a value the configs reject.
     """
     cache_fields = {f.name for f in dataclasses.fields(CacheConfig)}
     sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    unknown = set(kwargs) - cache_fields - sched_fields - {"seed", "kv_store"}
+    engine_fields = {"seed", "kv_store", "backend", "device"}
+    unknown = set(kwargs) - cache_fields - sched_fields - engine_fields
     if unknown:
         raise ValueError(
             f"unknown engine option(s) {sorted(unknown)}; expected one of "
-            f"{sorted(cache_fields | sched_fields | {'seed', 'kv_store'})}"
+            f"{sorted(cache_fields | sched_fields | engine_fields)}"
         )
     return EngineConfig(
         model=model,
@@ -42,6 +44,8 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
         scheduler=SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_fields}),
         seed=kwargs.get("seed", 0),
         kv_store=kwargs.get("kv_store"),
+        backend=kwargs.get("backend", "numpy"),
+        device=kwargs.get("device"),
     )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pagedattn.backends.models import build_model, model_backend, resolve_model_backend
 from pagedattn.cache import CacheManager, PagePool, cache_namespace
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine.model_runner import Model, ModelRunner
@@ -48,8 +49,13 @@ class LLMEngine:
             ``config.kv_store`` (a directory or ``redis://``) when set. Full pages are written
             to it after the forward that filled them; a prefix-cache miss restores from it.
 
+    The page pool lives on ``config.backend`` / ``config.device``; the model must run there
+    too (its ``backend`` attribute; a model without one runs on NumPy).
+
     Raises:
-        ValueError: a KV budget that holds no page; a kv_store without prefix caching.
+        ValueError: a KV budget that holds no page; a kv_store without prefix caching; a model
+            built for another backend than ``config``'s.
+        pagedattn.backends.BackendError: the backend's library or device is missing, or cupy.
     """
 
     def __init__(
@@ -68,9 +74,16 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.model_fingerprint = model_fingerprint
         num_pages = cc.resolve_num_pages(mc)
+        self.backend = resolve_model_backend(config.backend, config.device)
+        if model_backend(model) != self.backend:
+            raise ValueError(
+                f"backend: the model runs on {model_backend(model)}, the engine config asks "
+                f"for {self.backend}; build it with pagedattn.backends.models.build_model"
+            )
         self.page_pool = PagePool(
-            mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim
-        )
+            mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
+            backend=self.backend,
+        )  # fmt: skip
         namespace = cache_namespace(
             model_fingerprint=model_fingerprint,
             dtype="float32",
@@ -134,7 +147,7 @@ class LLMEngine:
             assert config.kv_store is not None
             pool = self.page_pool
             page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
-            store = open_store(config.kv_store, namespace, page_shape, pool.kv.dtype)
+            store = open_store(config.kv_store, namespace, page_shape, pool.dtype)
         return KVTier(store, self.page_pool)
 
     def close(self) -> None:
@@ -148,13 +161,14 @@ class LLMEngine:
 
         Raises:
             FileNotFoundError, ValueError: from :func:`pagedattn.model.loader.load_model`.
+            pagedattn.backends.BackendError: see :func:`resolve_model_backend`.
         """
-        from pagedattn.model.llama import LlamaModel
         from pagedattn.model.loader import load_model
 
         config = EngineConfig() if config is None else config
+        spec = resolve_model_backend(config.backend, config.device)  # fail before loading
         loaded = load_model(config.model)
-        model = LlamaModel.from_loaded(loaded)
+        model = build_model(loaded, spec)
         return cls(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 
     # ---- requests --------------------------------------------------------------------------
