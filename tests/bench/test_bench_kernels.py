@@ -42,6 +42,6 @@ def test_bench_kernels_prints_the_backend_columns() -> None:
 )
 def test_bench_kernels_bad_backend_is_one_line(args: list[str], fragment: str) -> None:
     result = runner.invoke(app, ["bench", "kernels", "--batch", "1", "--context", "8", *args])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a backend error: see cli_errors
     assert result.stderr.startswith("error: ") and fragment in result.stderr
     assert result.stderr.count("\n") == 1

@@ -87,7 +87,7 @@ def test_demo_on_torch_matches_the_reference() -> None:
 def test_demo_bad_backend_is_one_line() -> None:
     _register()
     result = CliRunner().invoke(app, ["demo", "--backend", "numpy", "--device", "cuda"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a backend error: see cli_errors
     assert result.stderr == (
         "error: backend 'numpy' does not run on device 'cuda' (use --backend torch or cupy "
         "for cuda)\n"
