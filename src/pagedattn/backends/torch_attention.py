@@ -17,7 +17,8 @@ Sink keys scored with other queries (``q_sink``, the "shifted" position mode) us
 call over a doubled head dimension: ``q' = [q, q_sink]``, ``k'_j = [k_j, 0]`` for ``j >= S``
 and ``[0, k_j]`` for ``j < S``, so ``q' . k'_j`` is ``q . k_j`` or ``q_sink . k_j`` exactly
 (the scale stays ``1 / sqrt(head_dim)``). Grouped-query attention (Ainslie et al. 2023) is
-SDPA's ``enable_gqa``.
+SDPA's ``enable_gqa``. Decode rows (sequences with one new token) and prefill rows are two
+SDPA calls, so a decode row is never padded to the longest prompt chunk of the step.
 """
 
 from __future__ import annotations
@@ -70,50 +71,19 @@ class TorchStepAttention:
         if np.any((slots < -1) | (slots >= num_slots)):
             raise ValueError(f"slot_mapping: expected slots in [0, {num_slots}) or -1")
         keep = np.flatnonzero(slots >= 0)
-        self.page_size = page_size
-        self.num_sink_tokens = batch.num_sink_tokens
-        # write_kv: which rows go where
-        as_dev = self._to_device(device)
+
+        def as_dev(a: np.ndarray) -> Any:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
         self.write_rows = as_dev(keep)
         self.write_pages = as_dev(slots[keep] // page_size)
         self.write_offsets = as_dev(slots[keep] % page_size)
-        # query rows -> padded (num_seqs, max_q_len); row_valid marks real rows
-        num_seqs, max_q = len(ctx), int(q_lens.max(initial=0))
-        i = np.arange(max_q)[None, :]
-        row_valid = i < q_lens[:, None]  # (num_seqs, max_q)
-        rows = np.where(row_valid, qsl[:-1, None] + i, 0)
-        self.q_rows = as_dev(rows)
-        self.row_valid = as_dev(row_valid)
-        # keys: the table columns some sequence holds a page in (evicted pages are -1, so a
-        # long windowed stream gathers its window and sinks only), masked per (seq, row, key)
-        cols = np.flatnonzero((tables >= 0).any(axis=0))
-        tables = tables[:, cols]
-        self.tables = as_dev(np.maximum(tables, 0))
-        key_pos = (cols[:, None] * page_size + np.arange(page_size)).ravel()  # (keys,)
-        num_keys = key_pos.size
-        j = key_pos[None, None, :]
-        pos = (ctx - q_lens)[:, None, None] + i[:, :, None]  # (num_seqs, max_q, 1)
-        present = np.repeat(tables >= 0, page_size, axis=1)[:, None, :]  # (num_seqs, 1, keys)
-        mask = (j <= pos) & present
-        if batch.sliding_window is not None:
-            mask &= (j > pos - batch.sliding_window) | (j < batch.num_sink_tokens)
-        # a real row that sees no key gives zeros (as the reference); SDPA would give NaN
-        self.row_sees = as_dev(
-            np.asarray(mask.any(axis=-1))[:, None, :, None]
-        )  # (num_seqs, 1, max_q, 1)
-        mask |= ~row_valid[:, :, None]  # padded rows see every key (their output is dropped)
-        # Keys past the context or on absent pages are zeroed before SDPA: a masked key's
-        # weight is 0, but 0 * NaN (a never-written slot) would still poison the row.
-        self.key_ok = as_dev((j[0] < ctx[:, None]) & present[:, 0])[:, None, :, None]
-        self.mask = as_dev(mask[:, None])  # (num_seqs, 1, max_q, keys)
-        self.is_sink = as_dev((key_pos < batch.num_sink_tokens)[:, None])
-        self.shape = (num_seqs, max_q, num_keys)
-
-    def _to_device(self, device: Any) -> Any:
-        def convert(a: np.ndarray) -> Any:
-            return self.torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-        return convert
+        single = q_lens == 1
+        self.groups = [
+            _Group(torch, batch, seqs, qsl, tables, page_size, as_dev)
+            for seqs in (np.flatnonzero(single), np.flatnonzero(~single & (q_lens > 0)))
+            if seqs.size
+        ]
 
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any) -> None:
         """Store the new tokens' K/V at their slots, in place (``-1`` slots are skipped).
@@ -126,14 +96,6 @@ class TorchStepAttention:
         k_cache[pages, :, offsets] = k[rows].to(k_cache.dtype)
         v_cache[pages, :, offsets] = v[rows].to(v_cache.dtype)
 
-    def _gather(self, cache: Any, dtype: Any) -> Any:
-        """``(num_seqs, num_kv_heads, num_keys, head_dim)`` keys or values in position order."""
-        num_seqs, _, num_keys = self.shape
-        pages = cache[self.tables]  # (num_seqs, pages, nkv, page_size, D)
-        pages = pages.permute(0, 2, 1, 3, 4)  # (num_seqs, nkv, pages, page_size, D)
-        keys = pages.reshape(num_seqs, cache.shape[1], num_keys, cache.shape[3]).to(dtype)
-        return self.torch.where(self.key_ok, keys, 0)  # (num_seqs, nkv, keys, D)
-
     def attention(self, q: Any, q_sink: Any | None, k_cache: Any, v_cache: Any) -> Any:
         """Attention of every new token over its sequence's visible keys.
 
@@ -145,11 +107,76 @@ class TorchStepAttention:
         Returns:
             ``(num_tokens, num_heads, head_dim)`` of ``q``'s dtype.
         """
+        out = self.torch.zeros_like(q)
+        for group in self.groups:
+            out[group.out_rows] = group.attention(q, q_sink, k_cache, v_cache)
+        return out
+
+
+class _Group:
+    """The padded SDPA problem of some of the step's sequences (all decode, or all prefill).
+
+    Query rows are padded to ``(num_seqs, max_q)``; keys are the table columns some sequence
+    of the group holds a page in (evicted pages are -1, so a long windowed stream gathers its
+    window and sinks only), masked per (sequence, row, key).
+    """
+
+    def __init__(
+        self,
+        torch: Any,
+        batch: ForwardBatch,
+        seqs: np.ndarray,
+        qsl: np.ndarray,
+        tables: np.ndarray,
+        page_size: int,
+        as_dev: Any,
+    ) -> None:
+        self.torch = torch
+        self.num_sink_tokens = batch.num_sink_tokens
+        q_lens = np.diff(qsl)[seqs]
+        ctx = np.asarray(batch.context_lens, dtype=np.int64)[seqs]
+        tables = tables[seqs]
+        num_seqs, max_q = len(seqs), int(q_lens.max())
+        i = np.arange(max_q)[None, :]
+        row_valid = i < q_lens[:, None]  # (num_seqs, max_q)
+        rows = np.where(row_valid, qsl[seqs, None] + i, 0)
+        self.q_rows = as_dev(rows)
+        self.row_valid = as_dev(row_valid)
+        self.out_rows = as_dev(rows[row_valid])  # flat rows of the valid entries, row-major
+        cols = np.flatnonzero((tables >= 0).any(axis=0))
+        tables = tables[:, cols]
+        self.tables = as_dev(np.maximum(tables, 0))
+        key_pos = (cols[:, None] * page_size + np.arange(page_size)).ravel()  # (keys,)
+        j = key_pos[None, None, :]
+        pos = (ctx - q_lens)[:, None, None] + i[:, :, None]  # (num_seqs, max_q, 1)
+        present = np.repeat(tables >= 0, page_size, axis=1)[:, None, :]  # (num_seqs, 1, keys)
+        mask = (j <= pos) & present
+        if batch.sliding_window is not None:
+            mask &= (j > pos - batch.sliding_window) | (j < batch.num_sink_tokens)
+        # a real row that sees no key gives zeros (as the reference); SDPA would give NaN
+        self.row_sees = as_dev(np.asarray(mask.any(axis=-1))[:, None, :, None])
+        mask |= ~row_valid[:, :, None]  # padded rows see every key (their output is dropped)
+        # Keys past the context or on absent pages are zeroed before SDPA: a masked key's
+        # weight is 0, but 0 * NaN (a never-written slot) would still poison the row.
+        self.key_ok = as_dev((j[0] < ctx[:, None]) & present[:, 0])[:, None, :, None]
+        self.mask = as_dev(mask[:, None])  # (num_seqs, 1, max_q, keys)
+        self.is_sink = as_dev((key_pos < batch.num_sink_tokens)[:, None])
+        self.shape = (num_seqs, max_q, key_pos.size)
+
+    def _gather(self, cache: Any, dtype: Any) -> Any:
+        """``(num_seqs, num_kv_heads, num_keys, head_dim)`` keys or values in position order."""
+        num_seqs, _, num_keys = self.shape
+        pages = cache[self.tables]  # (num_seqs, pages, nkv, page_size, D)
+        pages = pages.permute(0, 2, 1, 3, 4)  # (num_seqs, nkv, pages, page_size, D)
+        keys = pages.reshape(num_seqs, cache.shape[1], num_keys, cache.shape[3]).to(dtype)
+        return self.torch.where(self.key_ok, keys, 0)  # (num_seqs, nkv, keys, D)
+
+    def attention(self, q: Any, q_sink: Any | None, k_cache: Any, v_cache: Any) -> Any:
+        """``(rows of this group, num_heads, head_dim)`` in :attr:`out_rows` order."""
         torch = self.torch
-        num_seqs, max_q, num_keys = self.shape
-        head_dim = q.shape[-1]
-        if num_seqs == 0 or max_q == 0 or num_keys == 0:
-            return torch.zeros_like(q)
+        if self.shape[2] == 0:  # no key anywhere: every row is zero
+            rows = self.out_rows.shape[0]
+            return torch.zeros((rows, *q.shape[1:]), dtype=q.dtype, device=q.device)
         qp = q[self.q_rows].transpose(1, 2)  # (num_seqs, nh, max_q, D)
         k = self._gather(k_cache, q.dtype)  # (num_seqs, nkv, keys, D)
         v = self._gather(v_cache, q.dtype)
@@ -163,8 +190,8 @@ class TorchStepAttention:
             k,
             v,
             attn_mask=self.mask,
-            scale=1.0 / math.sqrt(head_dim),
+            scale=1.0 / math.sqrt(q.shape[-1]),
             enable_gqa=qp.shape[1] != k.shape[1],
         )  # (num_seqs, nh, max_q, D)
         out = torch.where(self.row_sees, out, 0)
-        return out.transpose(1, 2)[self.row_valid]  # (num_tokens, nh, D), sequence-major
+        return out.transpose(1, 2)[self.row_valid]  # (rows, nh, D), sequence-major
