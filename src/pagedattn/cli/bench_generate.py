@@ -40,6 +40,7 @@ def bench_generate(
     from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
     from pagedattn.bench.cpu import cpu_line
+    from pagedattn.bench.targets import GENERATE_TARGETS, print_targets
     from pagedattn.bench.worker import run_worker
 
     console = Console()
@@ -107,6 +108,7 @@ def bench_generate(
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:
         console.print(peer_table)
+    print_targets(console, GENERATE_TARGETS, results)
     console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "
