@@ -37,6 +37,7 @@ def test_bench_generate_prints_table_and_positive_figures(
     assert result.exit_code == 0, result.output
     assert "bench generate: tiny.gguf" in result.stdout and "prefill tok/s" in result.stdout
     assert "CPU features:" in result.stdout
+    assert "issue 13 targets" in result.stdout  # every target, met / NOT met / not measured
     if not llamacpp.available():  # the peer column says so, never prints stored numbers
         assert "llama.cpp: not measured" in result.stdout
     else:  # measured in the same run, on the same GGUF
@@ -60,6 +61,7 @@ def test_bench_engine_counts_every_token_and_prefix_hits(
     assert result.exit_code == 0, result.output
     assert "bench engine: tiny.gguf" in result.stdout and "gen tok/s" in result.stdout
     assert "CPU features:" in result.stdout
+    assert "issue 13 targets" in result.stdout
     if not llamacpp.available():
         assert "llama.cpp: not measured" in result.stdout
     else:

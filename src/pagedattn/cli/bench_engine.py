@@ -63,6 +63,7 @@ def bench_engine(
         shared_prefix_prompts,
     )
     from pagedattn.bench.cpu import cpu_line
+    from pagedattn.bench.targets import ENGINE_TARGETS, print_targets
     from pagedattn.bench.worker import run_worker
 
     console = Console()
@@ -179,6 +180,7 @@ def bench_engine(
         got = results["ours"]["main"]["generated_tok_s"] / ref
         verdict = "met" if got >= TARGET else "NOT met"
         console.print(f"target: ours >= {TARGET}x HF generated tok/s: {got:.2f}x, {verdict}")
+    print_targets(console, ENGINE_TARGETS, results)
     if "shared_on" in results["ours"]:
         on, off = results["ours"]["shared_on"], results["ours"]["shared_off"]
         speedup = on["generated_tok_s"] / off["generated_tok_s"]

@@ -46,6 +46,7 @@ def bench_generate(
     from pagedattn.bench import llamacpp
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
     from pagedattn.bench.cpu import cpu_line
+    from pagedattn.bench.targets import GENERATE_TARGETS, print_targets
     from pagedattn.bench.worker import run_worker
 
     console = Console()
@@ -129,6 +130,7 @@ def bench_generate(
         console.print(
             bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
         )
+    print_targets(console, GENERATE_TARGETS, results)
     console.print(cpu_line())
     console.print(
         "Method. ours: prefill = median of --repeats requests (max_tokens=1), first scheduled -> "

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedattn.kernels.paged import paged_attention_decode, paged_attention_prefill
+from pagedattn.kernels.paged import paged_attention_prefill
+from pagedattn.kernels.paged_plan import DecodePlan, decode_planned, plan_decode
 from pagedattn.model.forward_batch import ForwardBatch
 
 
 class AttentionSplit:
-    """The decode / prefill partition of one ForwardBatch, computed once per forward.
+    """The decode / prefill partition of one ForwardBatch, computed once per forward; the
+    decode rows' page metadata is validated once too (:mod:`pagedattn.kernels.paged_plan`), at
+    the first layer, and reused by every layer.
 
     Args:
         batch: the step's batch.
@@ -35,6 +38,7 @@ class AttentionSplit:
         self.prefill_rows = np.concatenate(
             [np.arange(qsl[s], qsl[s + 1]) for s in self.prefill_seqs] or [np.zeros(0, np.int64)]
         )
+        self._decode_plan: DecodePlan | None = None
 
     def attention(
         self, q: np.ndarray, q_sink: np.ndarray | None, k_cache: np.ndarray, v_cache: np.ndarray
@@ -75,12 +79,13 @@ class AttentionSplit:
         page_tables: np.ndarray,
         context_lens: np.ndarray,
     ) -> np.ndarray:
-        out = paged_attention_decode(
-            q, k_cache, v_cache, page_tables, context_lens, q_sink=q_sink,
-            sliding_window=self.batch.sliding_window, num_sink_tokens=self.batch.num_sink_tokens,
-        )  # fmt: skip
-        assert isinstance(out, np.ndarray)
-        return out
+        shape = k_cache.shape
+        if self._decode_plan is None or self._decode_plan.cache_shape != shape:
+            self._decode_plan = plan_decode(
+                page_tables, context_lens, shape, sliding_window=self.batch.sliding_window,
+                num_sink_tokens=self.batch.num_sink_tokens,
+            )  # fmt: skip
+        return decode_planned(self._decode_plan, q, q_sink, k_cache, v_cache)
 
     def _prefill(
         self,

@@ -20,7 +20,8 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.attention_mass import page_attention_mass
-from pagedattn.kernels.paged import paged_attention_decode, write_kv
+from pagedattn.kernels.paged import paged_attention_decode
+from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.forward_batch import ForwardBatch
@@ -230,6 +231,7 @@ class LlamaModel:
         if batch.sink_positions is not None:
             sink_cos_sin = rope_cos_sin(batch.sink_positions, D, c.rope_theta, c.rope_freq_factors)
         split = AttentionSplit(batch)
+        slots = plan_slots(batch.slot_mapping, T, kv.shape[2:])  # validated once, every layer
         x = self._embed(ids)  # (T, H)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)
@@ -241,7 +243,7 @@ class LlamaModel:
             k_rot = apply_rope_cos_sin(k, cos, sin)  # (T, nkv, D)
             q_sink = None if sink_cos_sin is None else apply_rope_cos_sin(q, *sink_cos_sin)
             k_cache, v_cache = kv[li, 0], kv[li, 1]  # (num_pages, nkv, page_size, D) each
-            write_kv(k_cache, v_cache, k_rot, v, batch.slot_mapping)
+            write_kv_planned(slots, k_cache, v_cache, k_rot, v)
             if attention_mass is None:
                 attn = split.attention(q_rot, q_sink, k_cache, v_cache)  # (T, nh, D)
             else:  # opt-in (eval lab): a decode step that also reports the mass per page

@@ -1,0 +1,208 @@
+"""Validate a step's page metadata once, then run every layer's write_kv / decode attention on it.
+
+:func:`~pagedattn.kernels.paged.write_kv` and
+:func:`~pagedattn.kernels.paged.paged_attention_decode` check their integer arguments (slot
+mapping, page tables, context lengths: range scans, int32 conversion, split counts) on every
+call; a model calls them once per layer with the same metadata (30 times a step for
+SmolLM2-135M), and those checks cost more than a decode step's attention. A plan does that work
+once per step; the planned calls check only what changes per layer (the float arrays' dtype and
+shape, attribute compares) and run the same Numba kernels with the same splits, so results are
+bitwise those of the unplanned functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pagedattn.kernels import paged_decode_numba
+from pagedattn.kernels.merge import merge_states
+from pagedattn.kernels.paged import decode_splits
+from pagedattn.kernels.paged_checks import IntArray, check_pages, check_window, int_array
+
+F32Array = npt.NDArray[np.float32]
+CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
+
+
+def _check_cache_pair(k_cache: F32Array, v_cache: F32Array, shape: CacheShape) -> None:
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.shape != shape or c.dtype != np.float32 or not c.flags.c_contiguous:
+            raise ValueError(
+                f"{name}: expected C-contiguous float32 (num_pages, num_kv_heads, page_size, "
+                f"head_dim) = {shape} (the planned pool), got {c.dtype} {c.shape}"
+            )
+
+
+def _check_rows(name: str, a: F32Array, shape: tuple[int, int, int], names: str) -> None:
+    if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.float32:
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"{name}: expected float32 {names} = {shape}, got {got}")
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Where a step's new tokens go in the pool: validated ``slot_mapping`` split into pages
+    and in-page offsets. ``keep`` (num_tokens,) bool is False for padding (slot -1);
+    ``pages`` / ``offsets`` (num_kept,) int64; ``cache_shape`` the pool layer it was made for."""
+
+    keep: npt.NDArray[np.bool_]
+    pages: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    cache_shape: CacheShape
+
+
+def plan_slots(slot_mapping: IntArray, num_tokens: int, cache_shape: CacheShape) -> SlotPlan:
+    """Validate ``slot_mapping`` once (the checks of :func:`~pagedattn.kernels.paged.write_kv`).
+
+    Args:
+        slot_mapping: integer (num_tokens,); slot = page_id * page_size + offset, or -1 (skip).
+        num_tokens: rows of the k / v arrays that will be written.
+        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim).
+
+    Raises:
+        ValueError: a wrong shape or dtype, or a slot out of range.
+    """
+    num_pages, _, page_size, _ = cache_shape
+    slots = int_array("slot_mapping", slot_mapping, (num_tokens,), "(num_tokens,)")
+    num_slots = num_pages * page_size
+    bad = (slots < -1) | (slots >= num_slots)
+    if bad.any():
+        raise ValueError(
+            f"slot_mapping: expected slots in [0, {num_slots}) or -1, got {int(slots[bad][0])}"
+        )
+    keep = slots >= 0
+    kept = slots[keep].astype(np.int64)
+    return SlotPlan(keep, kept // page_size, kept % page_size, tuple(cache_shape))  # type: ignore[arg-type]
+
+
+def write_kv_planned(
+    plan: SlotPlan, k_cache: F32Array, v_cache: F32Array, k: F32Array, v: F32Array
+) -> None:
+    """:func:`~pagedattn.kernels.paged.write_kv` on a planned slot mapping (in place).
+
+    Args:
+        plan: from :func:`plan_slots` for this pool shape.
+        k_cache, v_cache: float32 ``plan.cache_shape``, C-contiguous.
+        k, v: float32 (num_tokens, num_kv_heads, head_dim).
+
+    Raises:
+        ValueError: a cache or k / v of another shape or dtype.
+    """
+    _check_cache_pair(k_cache, v_cache, plan.cache_shape)
+    shape = (plan.keep.shape[0], plan.cache_shape[1], plan.cache_shape[3])
+    _check_rows("k", k, shape, "(num_tokens, num_kv_heads, head_dim)")
+    _check_rows("v", v, shape, "(num_tokens, num_kv_heads, head_dim)")
+    k_cache[plan.pages, :, plan.offsets, :] = k[plan.keep]
+    v_cache[plan.pages, :, plan.offsets, :] = v[plan.keep]
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A decode step's validated metadata: int32 ``tables`` (num_seqs, max_pages_per_seq),
+    ``ctx`` (num_seqs,), ``splits`` (num_seqs,) and the rows that merge each extra split."""
+
+    tables: npt.NDArray[np.int32]
+    ctx: npt.NDArray[np.int32]
+    splits: npt.NDArray[np.int32]
+    merge_rows: tuple[npt.NDArray[np.intp], ...]
+    window: int
+    num_sink_tokens: int
+    scale: np.float32
+    cache_shape: CacheShape
+
+
+def plan_decode(
+    page_tables: IntArray,
+    context_lens: IntArray,
+    cache_shape: CacheShape,
+    *,
+    sliding_window: int | None = None,
+    num_sink_tokens: int = 0,
+) -> DecodePlan:
+    """Validate decode metadata once (the checks of ``paged_attention_decode``) and fix the
+    flash-decoding splits (:func:`~pagedattn.kernels.paged.decode_splits`).
+
+    Args:
+        page_tables: integer (num_seqs, max_pages_per_seq); -1 = absent page.
+        context_lens: integer (num_seqs,).
+        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim).
+        sliding_window, num_sink_tokens: as in ``paged_attention_decode``.
+
+    Raises:
+        ValueError: as ``paged_attention_decode`` for these arguments.
+    """
+    num_pages, _, page_size, head_dim = cache_shape
+    window = check_window(sliding_window, num_sink_tokens)
+    tables = int_array("page_tables", page_tables, (-1, -1), "(num_seqs, max_pages_per_seq)")
+    num_seqs = tables.shape[0]
+    ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
+    check_pages(
+        tables, ctx, np.ones(num_seqs, np.int64), page_size, num_pages, sliding_window,
+        num_sink_tokens,
+    )  # fmt: skip
+    splits = decode_splits(ctx, sliding_window)
+    merge_rows = tuple(np.flatnonzero(splits > i) for i in range(1, int(splits.max(initial=1))))
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    return DecodePlan(
+        tables,
+        ctx,
+        splits,
+        merge_rows,
+        window,
+        num_sink_tokens,
+        scale,
+        tuple(cache_shape),  # type: ignore[arg-type]
+    )
+
+
+def decode_planned(
+    plan: DecodePlan,
+    q: F32Array,
+    q_sink: F32Array | None,
+    k_cache: F32Array,
+    v_cache: F32Array,
+) -> F32Array:
+    """``paged_attention_decode`` (default scale) on a planned step, bitwise the same.
+
+    Args:
+        plan: from :func:`plan_decode`.
+        q: float32 (num_seqs, num_heads, head_dim); q_sink: None or like ``q``.
+        k_cache, v_cache: float32 ``plan.cache_shape``, C-contiguous.
+
+    Returns:
+        float32 (num_seqs, num_heads, head_dim).
+
+    Raises:
+        ValueError: a cache, q or q_sink of another shape or dtype.
+    """
+    _check_cache_pair(k_cache, v_cache, plan.cache_shape)
+    num_kv_heads, head_dim = plan.cache_shape[1], plan.cache_shape[3]
+    num_heads = q.shape[1] if isinstance(q, np.ndarray) and q.ndim == 3 else 0
+    if num_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"q: expected (num_seqs, num_heads, head_dim), num_heads a multiple of "
+            f"{num_kv_heads}, got {getattr(q, 'shape', type(q).__name__)}"
+        )
+    shape = (plan.tables.shape[0], num_heads, head_dim)
+    _check_rows("q", q, shape, "(num_seqs, num_heads, head_dim)")
+    q = np.ascontiguousarray(q)
+    if q_sink is None:
+        q_sink = q
+    else:
+        _check_rows("q_sink", q_sink, shape, "(num_seqs, num_heads, head_dim)")
+        q_sink = np.ascontiguousarray(q_sink)
+    num_splits = len(plan.merge_rows) + 1
+    outs = np.empty((num_splits, *q.shape), np.float32)
+    lses = np.empty((num_splits, *q.shape[:2]), np.float32)
+    paged_decode_numba.decode_kernel(
+        q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale,
+        plan.window, plan.num_sink_tokens, outs, lses,
+    )  # fmt: skip
+    out, lse = outs[0], lses[0]
+    for i, rows in enumerate(plan.merge_rows, start=1):  # each sequence merges its own splits
+        out[rows], lse[rows] = merge_states(out[rows], lse[rows], outs[i][rows], lses[i][rows])
+    result: F32Array = out
+    return result
