@@ -27,6 +27,7 @@ from pagedattn.kernels.paged_checks import (
     check_pages,
     check_window,
     int_array,
+    plan_slots,
 )
 
 F32Array = npt.NDArray[np.float32]
@@ -88,18 +89,9 @@ def write_kv(
     expected = (num_tokens, num_kv_heads, head_dim)
     check_array("k", k, expected, "(num_tokens, num_kv_heads, head_dim)")
     check_array("v", v, expected, "(num_tokens, num_kv_heads, head_dim)")
-    slots = int_array("slot_mapping", slot_mapping, (num_tokens,), "(num_tokens,)")
-    num_slots = num_pages * page_size
-    bad = (slots < -1) | (slots >= num_slots)
-    if bad.any():
-        raise ValueError(
-            f"slot_mapping: expected slots in [0, {num_slots}) or -1, got {int(slots[bad][0])}"
-        )
-    keep = slots >= 0
-    slots = slots[keep]
-    pages, offsets = slots // page_size, slots % page_size
-    k_cache[pages, :, offsets, :] = k[keep]
-    v_cache[pages, :, offsets, :] = v[keep]
+    plan = plan_slots(slot_mapping, num_tokens, (num_pages, num_kv_heads, page_size, head_dim))
+    k_cache[plan.pages, :, plan.offsets, :] = k[plan.keep]
+    v_cache[plan.pages, :, plan.offsets, :] = v[plan.keep]
 
 
 def _common(

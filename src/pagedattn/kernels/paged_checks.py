@@ -3,12 +3,14 @@ the argument and the expected shape, raised before any Numba code runs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 IntArray = npt.NDArray[np.integer[Any]]
+CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
 CACHE_SHAPE = "(num_pages, num_kv_heads, page_size, head_dim)"
 
 
@@ -117,3 +119,40 @@ def check_pages(
             f"page_tables: expected page ids in [0, num_pages = {num_pages}) or -1 (absent) "
             f"for every page read, sequence {s} entry {i} is {int(tables[s, i])}"
         )
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Where a step's new tokens go in the pool: validated ``slot_mapping`` split into pages
+    and in-page offsets. ``keep`` (num_tokens,) bool is False for padding (slot -1);
+    ``pages`` / ``offsets`` (num_kept,) int64; ``cache_shape`` the pool layer it was made for."""
+
+    keep: npt.NDArray[np.bool_]
+    pages: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    cache_shape: CacheShape
+
+
+def plan_slots(slot_mapping: IntArray, num_tokens: int, cache_shape: CacheShape) -> SlotPlan:
+    """Validate ``slot_mapping`` once (the checks of :func:`~pagedattn.kernels.paged.write_kv`).
+
+    Args:
+        slot_mapping: integer (num_tokens,); slot = page_id * page_size + offset, or -1 (skip).
+        num_tokens: rows of the k / v arrays that will be written.
+        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim).
+
+    Raises:
+        ValueError: a wrong shape or dtype, or a slot out of range.
+    """
+    num_pages, _, page_size, _ = cache_shape
+    slots = int_array("slot_mapping", slot_mapping, (num_tokens,), "(num_tokens,)")
+    num_slots = num_pages * page_size
+    bad = (slots < -1) | (slots >= num_slots)
+    if bad.any():
+        raise ValueError(
+            f"slot_mapping: expected slots in [0, {num_slots}) or -1, got {int(slots[bad][0])}"
+        )
+    keep = slots >= 0
+    kept = slots[keep].astype(np.int64)
+    shape: CacheShape = tuple(cache_shape)  # type: ignore[assignment]
+    return SlotPlan(keep, kept // page_size, kept % page_size, shape)

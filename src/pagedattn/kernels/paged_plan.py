@@ -21,10 +21,19 @@ import numpy.typing as npt
 from pagedattn.kernels import paged_decode_numba
 from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged import decode_splits
-from pagedattn.kernels.paged_checks import IntArray, check_pages, check_window, int_array
+from pagedattn.kernels.paged_checks import (
+    CacheShape,
+    IntArray,
+    SlotPlan,
+    check_pages,
+    check_window,
+    int_array,
+    plan_slots,
+)
 
 F32Array = npt.NDArray[np.float32]
-CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
+
+__all__ = ["SlotPlan", "decode_planned", "plan_decode", "plan_slots", "write_kv_planned"]
 
 
 def _check_cache_pair(k_cache: F32Array, v_cache: F32Array, shape: CacheShape) -> None:
@@ -40,42 +49,6 @@ def _check_rows(name: str, a: F32Array, shape: tuple[int, int, int], names: str)
     if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.float32:
         got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
         raise ValueError(f"{name}: expected float32 {names} = {shape}, got {got}")
-
-
-@dataclass(frozen=True)
-class SlotPlan:
-    """Where a step's new tokens go in the pool: validated ``slot_mapping`` split into pages
-    and in-page offsets. ``keep`` (num_tokens,) bool is False for padding (slot -1);
-    ``pages`` / ``offsets`` (num_kept,) int64; ``cache_shape`` the pool layer it was made for."""
-
-    keep: npt.NDArray[np.bool_]
-    pages: npt.NDArray[np.int64]
-    offsets: npt.NDArray[np.int64]
-    cache_shape: CacheShape
-
-
-def plan_slots(slot_mapping: IntArray, num_tokens: int, cache_shape: CacheShape) -> SlotPlan:
-    """Validate ``slot_mapping`` once (the checks of :func:`~pagedattn.kernels.paged.write_kv`).
-
-    Args:
-        slot_mapping: integer (num_tokens,); slot = page_id * page_size + offset, or -1 (skip).
-        num_tokens: rows of the k / v arrays that will be written.
-        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim).
-
-    Raises:
-        ValueError: a wrong shape or dtype, or a slot out of range.
-    """
-    num_pages, _, page_size, _ = cache_shape
-    slots = int_array("slot_mapping", slot_mapping, (num_tokens,), "(num_tokens,)")
-    num_slots = num_pages * page_size
-    bad = (slots < -1) | (slots >= num_slots)
-    if bad.any():
-        raise ValueError(
-            f"slot_mapping: expected slots in [0, {num_slots}) or -1, got {int(slots[bad][0])}"
-        )
-    keep = slots >= 0
-    kept = slots[keep].astype(np.int64)
-    return SlotPlan(keep, kept // page_size, kept % page_size, tuple(cache_shape))  # type: ignore[arg-type]
 
 
 def write_kv_planned(
