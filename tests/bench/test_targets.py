@@ -47,7 +47,10 @@ def test_engine_targets_read_nested_figures_and_lower_is_better() -> None:
     }
     batched = evaluate(ENGINE_TARGETS, results)
     assert batched[0].ratio == pytest.approx(150 / 52) and batched[0].verdict == "NOT met"
-    assert batched[1].verdict.startswith("not measured: needs llama-batched-bench")
+    assert batched[1].verdict == "not measured: llama.cpp (llama-batched-bench) did not run"
+    results["llamacpp_batched"] = {"main": {"generated_tok_s": 66.8}}
+    measured = evaluate(ENGINE_TARGETS, results)[1]
+    assert measured.ratio == pytest.approx(150 / 66.8) and measured.verdict == "met"
     memory = Target("rss", "peak_rss_mib", "llamacpp", 2.0, lower_is_better=True)
     ok, bad = (
         evaluate([memory], {"ours": {"peak_rss_mib": m}, "llamacpp": {"peak_rss_mib": 225.0}})[0]

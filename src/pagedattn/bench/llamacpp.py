@@ -110,3 +110,51 @@ def measure_engine(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
             "generated": generated,
         }
     }
+
+
+def measure_batched(
+    binary: str, model_path: str, prompt_len: int, output_len: int, batch: int, threads: int
+) -> dict[str, Any]:
+    """llama.cpp's own batched decoding: ``llama-batched-bench`` (built by
+    ``../shared/scripts/build-llama-cpp.sh``) with ``batch`` sequences of ``prompt_len`` prompt
+    tokens and ``output_len`` generated tokens each, on ``threads`` threads.
+
+    Returns:
+        ``{"main": {"generated_tok_s", "requests_s", "elapsed_s", "generated", "prefill_tok_s",
+        "decode_tok_s"}}``: end to end (prefill included) as in ``bench engine``'s rows.
+
+    Raises:
+        FileNotFoundError: ``binary`` does not exist. RuntimeError: it failed or printed no
+            result line.
+    """
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    exe = Path(binary)
+    if not exe.is_file():
+        raise FileNotFoundError(f"--llama-batched-bench: no such file {binary}")
+    n_ctx = batch * (prompt_len + output_len) + 64
+    cmd = [str(exe), "-m", model_path, "-npp", str(prompt_len), "-ntg", str(output_len),
+           "-npl", str(batch), "-t", str(threads), "-c", str(n_ctx),
+           "--output-format", "jsonl"]  # fmt: skip
+    lib = str(exe.parent)
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    rows = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{") and '"pl"' in x]
+    if proc.returncode != 0 or not rows:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"llama-batched-bench failed (exit {proc.returncode}): {tail}")
+    r = rows[-1]
+    generated = int(r["pl"]) * int(r["tg"])
+    return {
+        "main": {
+            "generated_tok_s": generated / float(r["t"]),
+            "requests_s": int(r["pl"]) / float(r["t"]),
+            "elapsed_s": float(r["t"]),
+            "generated": generated,
+            "prefill_tok_s": float(r["speed_pp"]),
+            "decode_tok_s": float(r["speed_tg"]),
+        }
+    }

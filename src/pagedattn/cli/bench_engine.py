@@ -40,6 +40,14 @@ def bench_engine(
     seed: Annotated[int, typer.Option(help="Seed of the prompt sampling.")] = 0,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
     backend: BackendsOption = None,
+    llama_batched_bench: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLAMA_BATCHED_BENCH",
+            help="llama.cpp's llama-batched-bench binary: measure llama.cpp's batched decoding "
+            "(--hf-batch-size sequences of the mean prompt length) in the same run.",
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -117,6 +125,12 @@ def bench_engine(
                     )
 
                 results[side] = run_worker(f"engine-{side}", args, threads, update)
+            if llama_batched_bench:
+                progress.add_task("llama-batched-bench", total=None)
+                mean_prompt = round(sum(len(p) for p in prompts) / len(prompts))
+                results["llamacpp_batched"] = llamacpp.measure_batched(
+                    llama_batched_bench, str(path), mean_prompt, output_len, hf_batch_size, threads
+                )
             by_backend = bench_backends.measure_backends(
                 "engine-ours", args, specs, threads, progress, results["ours"]
             )
@@ -146,6 +160,10 @@ def bench_engine(
                 results["llamacpp"]["main"],
                 results["llamacpp"]["peak_rss_mib"],
             )
+        )
+    if "llamacpp_batched" in results:
+        rows.append(
+            (f"llama.cpp batched bs={hf_batch_size}", results["llamacpp_batched"]["main"], None)
         )
     for key, label in (("shared_on", "ours shared, cache on"), ("shared_off", "ours shared, off")):
         if key in results["ours"]:
