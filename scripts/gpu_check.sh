@@ -35,8 +35,10 @@ if [[ "$DEVICE" == "cuda" ]]; then
 else
   SELECT="torch"
 fi
-echo "== backend tests on torch/$DEVICE (tests/backends, not the SmolLM2 ones)"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/backends -m "not model" -k "$SELECT"
+echo "== backend tests on $DEVICE (engine, kernels, KVStream; not the SmolLM2 ones)"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/backends \
+  tests/kernels/test_paged_property.py tests/cache/test_stream_backends.py \
+  -m "not model" -k "$SELECT"
 echo "== benchmark: ours (torch/$DEVICE) vs HF transformers"
 timeout 240 "$PY" -m pagedattn.bench.gpu --device "$DEVICE" --dtype "$DTYPE" "${QUICK[@]}" \
   --json "$OUT/gpu_check.json"
