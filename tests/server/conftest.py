@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedattn.bench.redis_server import free_port
 from pagedattn.server.app import build_app
 from tests.server.tiny_folder import write_tiny_folder
 
@@ -133,9 +134,7 @@ def serve_subprocess(
 ) -> Iterator[str]:
     """Run ``pagedattn serve ARGS --port <free port>`` in a subprocess, wait until /health
     answers 200 (failing with its output if it exits first), yield its base URL, stop it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     cmd = [sys.executable, "-c", "from pagedattn.cli import main; main()", "serve"]
     cmd += [*args, "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -109,9 +109,9 @@ class PagePool:
         page = self.kv[:, :, page_id]
         if self.backend.name == "numpy":
             return np.array(page)
-        if self.backend.name == "torch":
-            return np.array(page.cpu().numpy())
-        return np.array(page.get())  # CuPy: device to host
+        from pagedattn.backends.arrays import to_host  # torch / cupy extras only
+
+        return np.array(to_host(page))  # a copy the pool never aliases
 
     def write_page(self, page_id: int, kv: np.ndarray) -> None:
         """Overwrite page ``page_id`` (all layers) with host array ``kv``.
@@ -131,12 +131,9 @@ class PagePool:
         if self.backend.name == "numpy":
             self.kv[:, :, page_id] = kv
         else:
-            xp = array_module(self.backend)
-            if self.backend.name == "torch":
-                # a copy (records hand over read-only buffers, which torch must not alias)
-                self.kv[:, :, page_id] = xp.tensor(kv, device=self.kv.device)
-            else:
-                self.kv[:, :, page_id] = xp.asarray(kv)
+            from pagedattn.backends.arrays import to_backend  # torch / cupy extras only
+
+            self.kv[:, :, page_id] = to_backend(kv, self.backend)
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy every layer's K and V of page ``src`` to page ``dst`` for each ``(src, dst)``.
