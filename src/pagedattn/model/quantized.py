@@ -5,15 +5,16 @@ float16 ``scale``/``offset`` and small integer codes (ggml ``ggml-common.h`` ``b
 ``block_q4_1``, ``block_q8_0``; the ``gguf`` package's ``dequantize`` computes exactly
 ``scale * code + offset`` in float32). :class:`BlockQuantized` keeps the raw blocks (a view of
 the memory-mapped file where possible: 0.56-1.06 bytes per weight, never a float32 copy) and
-:func:`qmatmul` decodes one output row at a time into a float32 scratch row (bit-identical to
-``gguf.quants.dequantize``: ``scale * code`` is exact in float32, so a fused multiply-add rounds
-the same way) which every input row then meets in one dot product.
+:func:`qmatmul` multiplies by them without expanding the matrix: the kernels of
+:mod:`pagedattn.model.block_dot` decode each block as ``fma(scale, code, offset)`` (bit-identical
+to ``gguf.quants.dequantize``: ``scale * code`` is exact in float32) and accumulate in one fixed
+SIMD lane order.
 
-Batch invariance: ``out[t, n]`` is the same dot product of ``x[t]`` with decoded row ``n``
-whatever the number of rows ``t`` in the call and wherever row ``t`` sits; the dot's
-vectorisation is fixed when the kernel compiles (it depends on ``in_features`` and the host's
-instruction set, never on the data or the batch), so a token's result is bitwise the same alone
-or inside any batch.
+Batch invariance: ``out[t, n]`` is the same sequence of float32 operations on ``x[t]`` and row
+``n`` whatever the number of rows in the call and wherever row ``t`` sits: one or two rows decode
+the blocks in registers, more rows decode them once into a scratch, and both kernels share the
+lane order (``block_dot``'s docstring), so a token's result is bitwise the same alone or inside
+any batch, on every host.
 """
 
 from __future__ import annotations
@@ -23,15 +24,22 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
+from pagedattn.model.block_dot import (
+    LANES,
+    decode_row,
+    matmul_float,
+    qmatmul_decode,
+    qmatmul_tiled,
+)
 
 BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
 # bytes per block: f16 scale (+ f16 offset for Q4_1) and the codes (4-bit pairs or int8)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 SUPPORTED = tuple(BLOCK_BYTES)
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
-ROWS_PER_TASK = 16  # output rows one thread decodes and applies to every input row
+ROWS_PER_TASK = 16  # output rows one thread applies to every input row (float weights)
 ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
+DECODE_MAX_ROWS = 2  # up to this many rows, decode blocks in registers for each row
 
 
 @dataclass(frozen=True)
@@ -109,33 +117,8 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
-def _decode_row(
-    row: np.ndarray, kind: int, scale: np.ndarray, offset: np.ndarray, w: np.ndarray, half: int
-) -> None:  # pragma: no cover - compiled
-    """w[32 b + j] = scale[b] * code_j + offset[b] for one row of blocks (``kind``: Q4_0 = 0,
-    Q4_1 = 1, Q8_0 = 2; ``half`` = 16, passed at run time so that LLVM's loop vectoriser, not a
-    full unroll, handles the inner loops). 4-bit codes: low nibbles are inputs 0..15 of a
-    block, high nibbles 16..31; Q4_0's ``code - 8`` is folded into ``offset``. No sliced views
-    in the loops (each would touch a reference count)."""
-    if kind == 2:
-        codes = row.view(np.int8)
-        for b in range(scale.shape[0]):
-            o, ob, d = b * 34 + 2, b * 32, scale[b]
-            for j in range(2 * half):
-                w[ob + j] = d * np.float32(codes[o + j])
-        return
-    header = 4 if kind == 1 else 2
-    for b in range(scale.shape[0]):
-        o, ob, d, m = b * (header + half) + header, b * 32, scale[b], offset[b]
-        for j in range(half):
-            q = np.int32(row[o + j])
-            w[ob + j] = d * np.float32(q & np.int32(15)) + m
-            w[ob + half + j] = d * np.float32(q >> np.int32(4)) + m
-
-
-@numba.njit(fastmath=True, cache=True, nogil=True)
 def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:  # pragma: no cover - compiled
-    """sum_k a[k] b[k] in float32; the one reduction every (row, output) pair goes through."""
+    """sum_k a[k] b[k] in float32, for float rows whose length is not a multiple of LANES."""
     s = np.float32(0.0)
     for k in range(a.shape[0]):
         s += a[k] * b[k]
@@ -143,36 +126,9 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:  # pragma: no cover - comp
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _qmatmul_kernel(
-    x: np.ndarray,
-    blocks: np.ndarray,
-    kind: int,
-    scale: np.ndarray,
-    offset: np.ndarray,
-    out: np.ndarray,
-    half: int,
-) -> None:  # pragma: no cover - compiled
-    """out[t, n] = dot(x[t], decoded row n); parallel over tasks of ROWS_PER_TASK output rows.
-    ``half`` = 16 arrives at run time: a literal would let LLVM fully unroll ``_decode_row``'s
-    inner loops instead of vectorising them."""
-    num_rows, num_in = x.shape
-    num_out = blocks.shape[0]
-    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        n0 = task * ROWS_PER_TASK
-        n1 = min(num_out, n0 + ROWS_PER_TASK)
-        w = np.empty((ROWS_PER_TASK, num_in), np.float32)
-        for n in range(n0, n1):
-            _decode_row(blocks[n], kind, scale[n], offset[n], w[n - n0], half)
-        for t0 in range(0, num_rows, ROWS_PER_TILE):  # a tile of x stays in L2 for all n
-            for n in range(n0, n1):
-                wn = w[n - n0]
-                for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
-                    out[t, n] = _dot(wn, x[t])
-
-
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    """out[t, n] = dot(x[t], w[n]) for float32 w; the float twin of ``_qmatmul_kernel``."""
+    """out[t, n] = dot(x[t], w[n]) for float32 w whose in_features is not a multiple of
+    LANES (the same code for every row count, so still batch-invariant)."""
     num_rows = x.shape[0]
     num_out = w.shape[0]
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -197,7 +153,7 @@ def _dequantize_kernel(
 ) -> None:  # pragma: no cover - compiled
     for i in numba.prange(rows.shape[0]):
         n = rows[i]
-        _decode_row(blocks[n], kind, scale[n], offset[n], out[i], half)
+        decode_row(blocks[n], kind, scale[n], offset[n], out[i], half)
 
 
 def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
@@ -257,10 +213,12 @@ def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
         view = out[:, col : col + n] if len(parts) > 1 else out
         if isinstance(w, BlockQuantized):
-            _qmatmul_kernel(x, w.blocks, w.kind, w.scale, w.offset, view, BLOCK // 2)
+            kernel = qmatmul_decode if x.shape[0] <= DECODE_MAX_ROWS else qmatmul_tiled
+            kernel(x, w.blocks, w.kind, w.scale, w.offset, view)
         else:
             if w.dtype != np.float32 or w.ndim != 2:
                 raise ValueError(f"weights: expected float32 (out, in), got {w.dtype} {w.shape}")
-            _matmul_kernel(x, np.ascontiguousarray(w), view)
+            float_kernel = matmul_float if k % LANES == 0 else _matmul_kernel
+            float_kernel(x, np.ascontiguousarray(w), view)
         col += n
     return out

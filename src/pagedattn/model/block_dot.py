@@ -1,0 +1,392 @@
+"""Dot products of GGUF block-quantized rows with float32 activations, written as explicit SIMD.
+
+Every ``out[t, n]`` is one fixed sequence of float32 operations, the same whichever kernel
+computes it and on every x86-64 host:
+
+* weights are decoded as ``w = fma(scale, code, offset)``: exactly ``gguf.quants.dequantize``
+  (``scale * code`` of a float16 scale and a 4- or 8-bit code is exact in float32);
+* ``LANES`` = 16 lane accumulators: lane ``l`` takes ``acc[l] = fma(w[k], x[k], acc[l])`` for
+  ``k = l, l + 16, l + 32, ...`` in increasing ``k`` (a block of 32 inputs is two steps);
+* the lanes are summed by halving: ``acc[i] += acc[i + 8]``, then ``+ 4``, ``+ 2``, ``+ 1``.
+
+The operations are LLVM vector IR emitted through Numba intrinsics (``<16 x float>``,
+``llvm.fma``, no fast-math flags), so LLVM may not reassociate them: it picks the instructions
+(two ymm halves with AVX2 + FMA, one zmm with AVX-512) but never the rounding. Two kernels share
+that definition:
+
+* :func:`qmatmul_decode` decodes each block in registers, four output rows side by side, and
+  meets each activation row (decode steps, where every weight is used once); it prefetches the
+  rows two tiles ahead, since interleaved rows defeat the hardware stream prefetcher;
+* :func:`qmatmul_tiled` decodes a task's rows once into a float32 scratch that every activation
+  row then meets in register tiles of ``TILE_N`` outputs by ``TILE_T`` rows (prefill, batches).
+
+They agree bit for bit (``tests/model/test_block_dot.py``), which keeps a token's logits the
+same alone or in any batch; :func:`matmul_float` applies the same order to float32 weights. The
+block formats are ggml's ``block_q4_0``, ``block_q4_1`` and ``block_q8_0`` (``ggml-common.h``);
+llama.cpp's own CPU path instead quantizes the activations to int8 (``ggml_vec_dot_q4_1_q8_1``),
+which does less work per weight and is not exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
+
+BLOCK = 32
+LANES = 16  # float32 accumulator lanes per (output, input row): one zmm, or two ymm
+STEPS = BLOCK // LANES  # accumulator steps per block
+ROWS_PER_TASK = 16  # output rows one thread owns
+ROWS_PER_TILE = 32  # activation rows applied to a task's rows while they sit in L1
+DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
+TILE_N = 2  # output rows per register tile
+TILE_T = 3  # activation rows per register tile (scratch kernel)
+
+# kind -> (bytes per block, bytes before the codes, 4-bit codes?)
+_LAYOUT = {0: (18, 2, True), 1: (20, 4, True), 2: (34, 2, False)}  # Q4_0, Q4_1, Q8_0
+
+_F32 = ir.FloatType()
+_I8 = ir.IntType(8)
+_I32 = ir.IntType(32)
+_VF = ir.VectorType(_F32, LANES)
+
+
+def _mask(indices: range | list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(_I32, len(indices)), list(indices))
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    one = builder.insert_element(ir.Constant(ir.VectorType(_F32, 1), ir.Undefined), value, _I32(0))
+    return builder.shuffle_vector(one, one, _mask([0] * LANES))
+
+
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c, rounded once (``llvm.fma.v8f32``)."""
+    fnty = ir.FunctionType(_VF, [_VF, _VF, _VF])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{LANES}f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
+    """Hint the cache line at ``ptr`` into L1 (``llvm.prefetch``; never faults)."""
+    i8p = _I8.as_pointer()
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), _I32(0), _I32(3), _I32(1)])
+
+
+def _hsum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The lanes summed by halving: lane i += lane i + width/2 until one is left (plain,
+    ordered fadds)."""
+    width = LANES
+    while width > 1:
+        width //= 2
+        v = builder.fadd(
+            builder.shuffle_vector(v, v, _mask(range(width))),
+            builder.shuffle_vector(v, v, _mask(range(width, 2 * width))),
+        )
+    return builder.extract_element(v, _I32(0))
+
+
+class _Arr:
+    """Data pointer and row stride (in elements) of a C-contiguous-rows 2-D Numba array."""
+
+    def __init__(self, context: Any, builder: ir.IRBuilder, ty: Any, value: ir.Value) -> None:
+        arr = context.make_array(ty)(context, builder, value)
+        self.data = arr.data
+        itemsize = context.get_abi_sizeof(context.get_data_type(ty.dtype))
+        stride = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
+        self.row_stride = builder.sdiv(stride, stride.type(itemsize))
+        self.shape = cgutils.unpack_tuple(builder, arr.shape, 2)
+
+    def ptr(self, builder: ir.IRBuilder, row: ir.Value, col: ir.Value) -> ir.Value:
+        return builder.gep(self.data, [builder.add(builder.mul(row, self.row_stride), col)])
+
+
+def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
+    return builder.load(builder.bitcast(ptr, _VF.as_pointer()), align=4)
+
+
+def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
+    """Elements ``[i * LANES, (i + 1) * LANES)`` of vector ``v``."""
+    return builder.shuffle_vector(v, v, _mask(range(i * LANES, (i + 1) * LANES)))
+
+
+def _decoded_block(
+    builder: ir.IRBuilder, kind: int, codes: ir.Value, scale: ir.Value, offset: ir.Value
+) -> list[ir.Value]:
+    """The block's 32 weights as STEPS <LANES x float>: fma(scale, code, offset) per input."""
+    if _LAYOUT[kind][2]:
+        packed = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 16).as_pointer()), align=1)
+        lo = builder.and_(packed, ir.Constant(packed.type, [15] * 16))
+        hi = builder.lshr(packed, ir.Constant(packed.type, [4] * 16))
+        codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))  # low nibbles first
+        floats = [builder.uitofp(_part(builder, codes32, i), _VF) for i in range(STEPS)]
+    else:
+        raw = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 32).as_pointer()), align=1)
+        floats = [builder.sitofp(_part(builder, raw, i), _VF) for i in range(STEPS)]
+    d, m = _splat(builder, scale), _splat(builder, offset)
+    return [_fma(builder, d, f, m) for f in floats]
+
+
+def _block_loop(
+    builder: ir.IRBuilder, num_blocks: ir.Value, accs: list[ir.Value], body: Any
+) -> None:
+    """for b in range(num_blocks): body(b, accs) -> new accs, with accs kept in allocas (SROA turns
+    them into registers)."""
+    slots = [cgutils.alloca_once_value(builder, a) for a in accs]
+    with cgutils.for_range(builder, num_blocks) as loop:
+        new = body(loop.index, [builder.load(s) for s in slots])
+        for s, v in zip(slots, new, strict=True):
+            builder.store(v, s)
+    accs[:] = [builder.load(s) for s in slots]
+
+
+def _make_decode_dot(kind: int, rows: int) -> Any:
+    """Intrinsic (blocks, n0, scale, offset, x, t) -> UniTuple(float32, rows): out[t, n0 + r]."""
+    size, header, _ = _LAYOUT[kind]
+
+    @intrinsic  # type: ignore[misc]
+    def decode_dot(
+        typingctx: Any, blocks: Any, n0: Any, scale: Any, offset: Any, x: Any, t: Any
+    ) -> Any:
+        sig = types.UniTuple(types.float32, rows)(blocks, n0, scale, offset, x, t)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            b_arr, s_arr, o_arr, x_arr = (
+                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
+            )
+            n_first, t_row = args[1], args[5]
+            i64 = n_first.type
+            zero = ir.Constant(_VF, [0.0] * LANES)
+            accs = [zero] * rows
+
+            def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                out = []
+                xs = [
+                    _load_vf(
+                        builder,
+                        x_arr.ptr(
+                            builder, t_row, builder.add(builder.mul(b, i64(BLOCK)), i64(LANES * i))
+                        ),
+                    )
+                    for i in range(STEPS)
+                ]
+                for r in range(rows):
+                    n = builder.add(n_first, i64(r))
+                    codes = b_arr.ptr(
+                        builder, n, builder.add(builder.mul(b, i64(size)), i64(header))
+                    )
+                    # the next tile's rows: several interleaved rows defeat the stream prefetcher
+                    _prefetch(
+                        builder,
+                        b_arr.ptr(
+                            builder, builder.add(n, i64(2 * rows)), builder.mul(b, i64(size))
+                        ),
+                    )
+                    ws = _decoded_block(
+                        builder,
+                        kind,
+                        codes,
+                        builder.load(s_arr.ptr(builder, n, b)),
+                        builder.load(o_arr.ptr(builder, n, b)),
+                    )
+                    acc = accs[r]
+                    for w, xv in zip(ws, xs, strict=True):
+                        acc = _fma(builder, w, xv, acc)
+                    out.append(acc)
+                return out
+
+            _block_loop(builder, s_arr.shape[1], accs, body)
+            return context.make_tuple(builder, sig.return_type, [_hsum(builder, a) for a in accs])
+
+        return sig, codegen
+
+    return decode_dot
+
+
+def _make_scratch_dot(rows: int, cols: int) -> Any:
+    """Intrinsic (w, r0, x, t0) -> UniTuple(float32, rows * cols): dot(w[r0 + r], x[t0 + c]) at
+    index ``r * cols + c``, for float32 ``w`` decoded by :func:`decode_rows`."""
+
+    @intrinsic  # type: ignore[misc]
+    def scratch_dot(typingctx: Any, w: Any, r0: Any, x: Any, t0: Any) -> Any:
+        sig = types.UniTuple(types.float32, rows * cols)(w, r0, x, t0)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            w_arr, x_arr = (
+                _Arr(context, builder, sig.args[0], args[0]),
+                _Arr(context, builder, sig.args[2], args[2]),
+            )
+            r_first, t_first = args[1], args[3]
+            i64 = r_first.type
+            num_steps = builder.sdiv(w_arr.shape[1], i64(LANES))
+            accs = [ir.Constant(_VF, [0.0] * LANES)] * (rows * cols)
+
+            def body(step: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                accs = list(accs)
+                k = builder.mul(step, i64(LANES))
+                xs = [
+                    _load_vf(builder, x_arr.ptr(builder, builder.add(t_first, i64(c)), k))
+                    for c in range(cols)
+                ]
+                for r in range(rows):
+                    wv = _load_vf(builder, w_arr.ptr(builder, builder.add(r_first, i64(r)), k))
+                    for c in range(cols):
+                        accs[r * cols + c] = _fma(builder, wv, xs[c], accs[r * cols + c])
+                return accs
+
+            _block_loop(builder, num_steps, accs, body)
+            return context.make_tuple(builder, sig.return_type, [_hsum(builder, a) for a in accs])
+
+        return sig, codegen
+
+    return scratch_dot
+
+
+_q4_0_by4, _q4_0_by1 = _make_decode_dot(0, DECODE_TILE), _make_decode_dot(0, 1)
+_q4_1_by4, _q4_1_by1 = _make_decode_dot(1, DECODE_TILE), _make_decode_dot(1, 1)
+_q8_0_by4, _q8_0_by1 = _make_decode_dot(2, DECODE_TILE), _make_decode_dot(2, 1)
+_scratch_tile, _scratch_col = _make_scratch_dot(TILE_N, TILE_T), _make_scratch_dot(TILE_N, 1)
+_scratch_one = _make_scratch_dot(1, 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_dot4(kind, blocks, n, scale, offset, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if kind == 0:
+        return _q4_0_by4(blocks, n, scale, offset, x, t)
+    if kind == 1:
+        return _q4_1_by4(blocks, n, scale, offset, x, t)
+    return _q8_0_by4(blocks, n, scale, offset, x, t)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_dot1(kind, blocks, n, scale, offset, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if kind == 0:
+        return _q4_0_by1(blocks, n, scale, offset, x, t)[0]
+    if kind == 1:
+        return _q4_1_by1(blocks, n, scale, offset, x, t)[0]
+    return _q8_0_by1(blocks, n, scale, offset, x, t)[0]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_decode(
+    x: np.ndarray,
+    blocks: np.ndarray,
+    kind: int,
+    scale: np.ndarray,
+    offset: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """out[t, n] = dot(x[t], decoded row n), decoding in registers; parallel over tasks of
+    ROWS_PER_TASK output rows. x: (T, K) float32 C-contiguous; out: (T, N) float32."""
+    num_rows = x.shape[0]
+    num_out = blocks.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        n1 = min(num_out, n0 + ROWS_PER_TASK)
+        for t in range(num_rows):
+            n = n0
+            while n + DECODE_TILE <= n1:
+                r = _decode_dot4(kind, blocks, n, scale, offset, x, t)
+                for i in range(DECODE_TILE):
+                    out[t, n + i] = r[i]
+                n += DECODE_TILE
+            while n < n1:
+                out[t, n] = _decode_dot1(kind, blocks, n, scale, offset, x, t)
+                n += 1
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def decode_row(
+    row: np.ndarray, kind: int, scale: np.ndarray, offset: np.ndarray, w: np.ndarray, half: int
+) -> None:  # pragma: no cover - compiled
+    """w[32 b + j] = scale[b] * code_j + offset[b] for one row of blocks (``kind``: Q4_0 = 0,
+    Q4_1 = 1, Q8_0 = 2; ``half`` = 16, passed at run time so that LLVM's loop vectoriser, not a
+    full unroll, handles the inner loops). 4-bit codes: low nibbles are inputs 0..15 of a
+    block, high nibbles 16..31; Q4_0's ``code - 8`` is folded into ``offset``. No sliced views
+    in the loops (each would touch a reference count)."""
+    if kind == 2:
+        codes = row.view(np.int8)
+        for b in range(scale.shape[0]):
+            o, ob, d = b * 34 + 2, b * 32, scale[b]
+            for j in range(2 * half):
+                w[ob + j] = d * np.float32(codes[o + j])
+        return
+    header = 4 if kind == 1 else 2
+    for b in range(scale.shape[0]):
+        o, ob, d, m = b * (header + half) + header, b * 32, scale[b], offset[b]
+        for j in range(half):
+            q = np.int32(row[o + j])
+            w[ob + j] = d * np.float32(q & np.int32(15)) + m
+            w[ob + half + j] = d * np.float32(q >> np.int32(4)) + m
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, n0 + i] = dot(w[r0 + i], x[t]) for i < count and every t, in register tiles of
+    TILE_N rows of w by TILE_T rows of x, ROWS_PER_TILE rows of x per pass."""
+    num_rows = x.shape[0]
+    for t0 in range(0, num_rows, ROWS_PER_TILE):
+        t1 = min(num_rows, t0 + ROWS_PER_TILE)
+        r = 0
+        while r + TILE_N <= count:
+            n = n0 + r
+            t = t0
+            while t + TILE_T <= t1:
+                s = _scratch_tile(w, r0 + r, x, t)
+                for i in range(TILE_N):
+                    for c in range(TILE_T):
+                        out[t + c, n + i] = s[i * TILE_T + c]
+                t += TILE_T
+            while t < t1:
+                s1 = _scratch_col(w, r0 + r, x, t)
+                for i in range(TILE_N):
+                    out[t, n + i] = s1[i]
+                t += 1
+            r += TILE_N
+        while r < count:
+            for t in range(t0, t1):
+                out[t, n0 + r] = _scratch_one(w, r0 + r, x, t)[0]
+            r += 1
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_tiled(
+    x: np.ndarray,
+    blocks: np.ndarray,
+    kind: int,
+    scale: np.ndarray,
+    offset: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """out[t, n] = dot(x[t], decoded row n), bitwise equal to :func:`qmatmul_decode`: each task
+    decodes its ROWS_PER_TASK rows once into a float32 scratch, then meets every activation row,
+    TILE_N outputs by TILE_T rows per register tile, ROWS_PER_TILE rows of x per pass (they
+    stay in L2 while the task's rows cycle through L1)."""
+    num_in = x.shape[1]
+    num_out = blocks.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        count = min(num_out, n0 + ROWS_PER_TASK) - n0
+        w = np.empty((ROWS_PER_TASK, num_in), np.float32)
+        for r in range(count):
+            decode_row(blocks[n0 + r], kind, scale[n0 + r], offset[n0 + r], w[r], BLOCK // 2)
+        _apply_rows(w, 0, count, x, out, n0)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def matmul_float(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out[t, n] = dot(x[t], w[n]) for float32 ``w`` (in_features a multiple of LANES), in the
+    same lane order as the block kernels: float checkpoints are batch-invariant too."""
+    num_out = w.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        _apply_rows(w, n0, min(num_out, n0 + ROWS_PER_TASK) - n0, x, out, n0)
