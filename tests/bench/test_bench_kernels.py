@@ -33,6 +33,16 @@ def test_bench_kernels_prints_the_backend_columns() -> None:
     assert "xp torch/cpu ms" in result.stdout and "x numba" in result.stdout
 
 
+def test_bench_kernels_prints_read_bandwidth_and_the_targets() -> None:
+    args = ["bench", "kernels", "--batch", "32", "--context", "16", "--repeats", "1"]
+    result = runner.invoke(app, args, env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    assert "read GB/s" in result.stdout and "% read" in result.stdout
+    assert "batch 32, context 16: % of read-only bandwidth" in result.stdout
+    r = bench_decode(2, 32, 1)
+    assert r.read_gbps > 0 and r.pct_read == pytest.approx(100 * r.kv_gbps / r.read_gbps)
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

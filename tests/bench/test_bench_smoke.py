@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -14,6 +15,7 @@ import pagedattn.cli.bench_generate  # noqa: F401  (register the commands)
 from pagedattn.bench import llamacpp
 from pagedattn.bench.corpus import sample_prompts, shared_prefix_prompts
 from pagedattn.bench.cpu import cpu_features
+from pagedattn.bench.worker import resident_mib
 from pagedattn.cli.app import app
 
 runner = CliRunner()
@@ -43,10 +45,31 @@ def test_bench_generate_prints_table_and_positive_figures(
     else:  # measured in the same run, on the same GGUF
         peer = json.loads(out.read_text())["llamacpp"]
         assert peer["generated"] == 6 and peer["prefill_tok_s"] > 0 and peer["decode_tok_s"] > 0
+        assert peer["kv_cache_mib"] > 0  # llama.cpp's own report, parsed from its load log
     figures = json.loads(out.read_text())["ours"]
     assert figures["generated"] == 6
-    for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib"):
+    for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib", "kv_cache_mib"):
         assert figures[key] > 0
+    rest = figures["peak_rss_mib"] - figures["kv_cache_mib"]
+    assert figures["peak_rss_minus_kv_mib"] == pytest.approx(rest)
+
+
+def test_resident_mib_counts_only_the_touched_pages() -> None:
+    pool = np.zeros(64 << 18, np.float32)  # 64 MiB, mapped but never touched
+    untouched = resident_mib(pool)
+    assert untouched is not None and untouched < 4  # at most a huge page or two
+    pool[: 16 << 18] = 1.0  # touch 16 MiB
+    touched = resident_mib(pool)
+    assert touched is not None and 16 <= touched <= 20
+
+
+def test_llama_cpp_kv_size_line_is_parsed() -> None:
+    line = (
+        "llama_kv_cache: size =   16.88 MiB (   768 cells,  30 layers,  1/1 seqs), "
+        "K (f16):    8.44 MiB, V (f16):    8.44 MiB"
+    )  # as llama.cpp (llama-cpp-python 0.3.36) logs it while loading SmolLM2
+    found = llamacpp.KV_SIZE.search("llama_context: n_ctx = 768\n" + line)
+    assert found is not None and float(found.group(1)) == 16.88
 
 
 def test_bench_engine_counts_every_token_and_prefix_hits(

@@ -12,15 +12,16 @@ from pagedattn.bench.targets import (
     GENERATE_TARGETS,
     Target,
     evaluate,
+    kernel_targets,
     print_targets,
 )
 
 
 def test_generate_targets_ratios_and_verdicts() -> None:
     results = {
-        "ours": {"decode_tok_s": 30.0, "prefill_tok_s": 900.0, "peak_rss_mib": 400.0},
+        "ours": {"decode_tok_s": 30.0, "prefill_tok_s": 900.0, "peak_rss_minus_kv_mib": 380.0},
         "hf": {"decode_tok_s": 16.0, "prefill_tok_s": 500.0, "peak_rss_mib": 1100.0},
-        "llamacpp": {"decode_tok_s": 75.0, "prefill_tok_s": 240.0, "peak_rss_mib": 225.0},
+        "llamacpp": {"decode_tok_s": 75.0, "prefill_tok_s": 240.0, "peak_rss_minus_kv_mib": 200.0},
     }
     rows = evaluate(GENERATE_TARGETS, results)
     by_label = {(r.target.label, r.target.goal): r for r in rows}
@@ -28,8 +29,8 @@ def test_generate_targets_ratios_and_verdicts() -> None:
     assert decode.ratio == pytest.approx(0.4) and decode.verdict == "NOT met"  # 30 / 75
     prefill = by_label[("prefill tok/s", 1.5)]
     assert prefill.ratio == pytest.approx(1.8) and prefill.verdict == "met"  # 900 / 500
-    rss = by_label[("peak RSS minus KV pool", 2.0)]
-    assert rss.ratio is None and rss.verdict.startswith("not measured: neither side")
+    rss = by_label[("peak RSS minus KV cache", 2.0)]
+    assert rss.ratio == pytest.approx(1.9) and rss.verdict == "met"  # 380 / 200 <= 2
 
 
 def test_absent_peer_is_not_measured_never_a_number() -> None:
@@ -67,3 +68,14 @@ def test_unknown_peer_is_refused_and_table_prints_every_target() -> None:
     text = out.getvalue()
     assert text.count("not measured") == len(GENERATE_TARGETS)
     assert ">= 1.5x" in text and "<= 2.0x" in text
+
+
+def test_kernel_targets_by_batch() -> None:
+    batch32 = kernel_targets(32, 85.0, 1.2)
+    assert [(label, verdict) for label, _, _, verdict in batch32] == [
+        ("% of read-only bandwidth", "met"),  # 85 >= 80
+        ("speedup vs torch SDPA", "NOT met"),  # 1.2 < 1.5
+    ]
+    assert kernel_targets(1, 5.0, 1.0)[0][3] == "met"  # not slower than SDPA at batch 1
+    assert kernel_targets(1, 5.0, None)[0][3] == "not measured: torch absent"
+    assert kernel_targets(8, 50.0, 2.0) == []  # no target at other batch sizes

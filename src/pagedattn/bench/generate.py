@@ -47,8 +47,10 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     request with ``ignore_eos`` (after one warm-up request that compiles the kernels).
     """
     import numba
+    import numpy as np
 
     from pagedattn.bench.backends import worker_model
+    from pagedattn.bench.worker import resident_mib
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.model.loader import load_model
@@ -82,11 +84,14 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     progress("ours decode", total, total)
     generated = len(out.outputs[0].token_ids)
     prefill_s = statistics.median(times)
+    pool = engine.page_pool.kv
     return {
         "prefill_tok_s": len(prompt) / prefill_s,
         "decode_tok_s": (generated - 1) / (m.last_token_time - m.first_token_time),
         "prefill_s": prefill_s,
         "generated": generated,
+        # the pages of the pool this run touched (a NumPy pool is allocated lazily)
+        "kv_cache_mib": resident_mib(pool) if isinstance(pool, np.ndarray) else None,
     }
 
 

@@ -7,9 +7,11 @@ carry over between machines:
   shuffled (a fragmented cache), median wall time of ``repeats`` calls after a warm-up;
 * ``KV GB/s``: bytes of K and V the call must read (``batch * context * num_kv_heads *
   head_dim * 4 * 2``) divided by that time;
+* ``read GB/s``: a read-only pass over the same K and V pages (a parallel Numba sum of every
+  float, as many threads as the kernel), bytes read / time; ``% read`` is the paged kernel's
+  KV GB/s over it (issue 13 asks >= 80% at batch 32);
 * ``copy GB/s``: ``np.copyto`` between two buffers of the same size as that K+V, counting
-  bytes read plus bytes written (``2 * size``, as STREAM's Copy does); ``% copy`` is the
-  ratio of the two;
+  bytes read plus bytes written (``2 * size``, as STREAM's Copy does);
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense
   contiguous ``(batch, heads, context, head_dim)`` K/V, with the same thread count;
 * ``xp``: with ``backends``, the array-namespace kernel
@@ -47,12 +49,17 @@ class DecodeResult:
     paged_ms: float
     kv_gbps: float
     copy_gbps: float
+    read_gbps: float
     torch_ms: float | None
     xp_ms: tuple[tuple[BackendSpec, float], ...] = ()  # the xp kernel on each backend asked for
 
     @property
     def pct_copy(self) -> float:
         return 100.0 * self.kv_gbps / self.copy_gbps
+
+    @property
+    def pct_read(self) -> float:
+        return 100.0 * self.kv_gbps / self.read_gbps
 
     @property
     def speedup(self) -> float | None:
@@ -77,6 +84,32 @@ def copy_bandwidth_gbps(num_bytes: int, repeats: int) -> float:
     dst = np.empty_like(src)
     ms = median_ms(lambda: np.copyto(dst, src), repeats)
     return 2 * src.nbytes / (ms * 1e6)
+
+
+def _read_kernel() -> Any:
+    import numba
+
+    @numba.njit(parallel=True, fastmath=True, nogil=True)
+    def read_all(flat: np.ndarray, chunk: int) -> float:  # pragma: no cover - compiled
+        total = 0.0
+        for c in numba.prange((flat.shape[0] + chunk - 1) // chunk):
+            s = np.float32(0.0)
+            for i in range(c * chunk, min(flat.shape[0], (c + 1) * chunk)):
+                s += flat[i]
+            total += float(s)
+        return total
+
+    return read_all
+
+
+def read_bandwidth_gbps(arrays: Sequence[np.ndarray], repeats: int) -> float:
+    """GB/s of a read-only pass (every float summed, in parallel) over ``arrays``: the bytes a
+    decode step must read, in the memory they sit in, without a write stream."""
+    read_all = _read_kernel()
+    flats = [a.reshape(-1) for a in arrays]
+    chunk = 1 << 14
+    ms = median_ms(lambda: [read_all(f, chunk) for f in flats], repeats)
+    return sum(f.nbytes for f in flats) / (ms * 1e6)
 
 
 def _torch_sdpa_ms(
@@ -170,6 +203,7 @@ def bench_decode(
     xp_ms = tuple((spec, xp_decode_ms(spec, arrays, repeats, threads)) for spec in backends)
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * 4
     copy_gbps = copy_bandwidth_gbps(kv_bytes, repeats)
+    read_gbps = read_bandwidth_gbps((k_cache, v_cache), repeats)
 
     # The same keys, gathered into dense (batch, kv_heads, context, head_dim) for torch.
     def dense(cache: np.ndarray) -> np.ndarray:
@@ -187,4 +221,4 @@ def bench_decode(
         del k_cache, v_cache, arrays
         torch_ms = _torch_sdpa_ms(q, k_dense, v_dense, repeats, threads)
     kv_gbps = kv_bytes / (paged_ms * 1e6)
-    return DecodeResult(batch, context, paged_ms, kv_gbps, copy_gbps, torch_ms, xp_ms)
+    return DecodeResult(batch, context, paged_ms, kv_gbps, copy_gbps, read_gbps, torch_ms, xp_ms)

@@ -9,7 +9,10 @@ llama.cpp returns for the last evaluated token (``Llama.eval`` / ``Llama.scores`
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,22 +25,38 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def _load(args: dict[str, Any], n_ctx: int) -> Any:
+KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB")
+
+
+def _load(args: dict[str, Any], n_ctx: int) -> tuple[Any, float | None]:
+    """The ``Llama`` and the KV cache size llama.cpp reports while loading (MiB; None when its
+    log has no ``llama_kv_cache: size = ... MiB`` line). The log goes to the C stderr, so file
+    descriptor 2 is redirected into a temporary file for the load."""
     from llama_cpp import Llama
 
     threads = int(args["threads"])
-    # n_batch = n_ctx: without logits_all, llama-cpp-python keeps n_batch rows of scores and
-    # writes the last token's logits at row n_past + n_tokens - 1, so a context longer than
-    # n_batch would index past them; n_ubatch (the micro-batch llama.cpp computes) stays 512.
-    return Llama(
-        model_path=str(args["model_path"]),
-        n_ctx=n_ctx,
-        n_batch=n_ctx,
-        n_ubatch=512,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            # n_batch = n_ctx: without logits_all, llama-cpp-python keeps n_batch rows of
+            # scores and writes the last token's logits at row n_past + n_tokens - 1, so a
+            # context longer than n_batch would index past them; n_ubatch stays 512.
+            llm = Llama(
+                model_path=str(args["model_path"]),
+                n_ctx=n_ctx,
+                n_batch=n_ctx,
+                n_ubatch=512,
+                n_threads=threads,
+                n_threads_batch=threads,
+                verbose=True,
+            )
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        found = KV_SIZE.search(log.read().decode("utf-8", "replace"))
+    return llm, None if found is None else float(found.group(1))
 
 
 def _greedy(llm: Any, prompt: Sequence[int], new_tokens: int) -> tuple[float, float, int]:
@@ -68,7 +87,7 @@ def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]
         ``threads``.
     """
     prompt, output_len, repeats = list(args["prompt_ids"]), int(args["output_len"]), args["repeats"]
-    llm = _load(args, len(prompt) + output_len + 8)
+    llm, kv_cache_mib = _load(args, len(prompt) + output_len + 8)
     total = repeats + 2
     _greedy(llm, prompt[:32], 3)
     progress("llama.cpp warm-up", 1, total)
@@ -84,6 +103,7 @@ def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]
         "decode_tok_s": (made - 1) / decode_s,
         "prefill_s": prefill_s,
         "generated": made,
+        "kv_cache_mib": kv_cache_mib,
     }
 
 
@@ -94,7 +114,7 @@ def measure_engine(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     Args (JSON): ``model_path``, ``prompts``, ``output_len``, ``threads``.
     """
     prompts, output_len = args["prompts"], int(args["output_len"])
-    llm = _load(args, max(len(p) for p in prompts) + output_len + 8)
+    llm, _ = _load(args, max(len(p) for p in prompts) + output_len + 8)
     _greedy(llm, prompts[0][:20], 2)
     start = time.perf_counter()
     generated = 0

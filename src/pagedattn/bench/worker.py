@@ -4,7 +4,8 @@ thread pools and imports (numba vs torch), and report back as JSON lines.
 Protocol (stdout of the child, one JSON object a line): ``{"event": "progress", "phase": str,
 "done": int, "total": int}`` any number of times, then ``{"event": "result", "result": {...}}``
 with ``peak_rss_mib`` (``getrusage(RUSAGE_SELF).ru_maxrss``: the child's resident-set peak,
-model loading included) added. Arguments travel as a JSON file; nothing is pickled.
+model loading included) added, and ``peak_rss_minus_kv_mib`` when the side reported its KV
+cache's resident ``kv_cache_mib``. Arguments travel as a JSON file; nothing is pickled.
 """
 
 from __future__ import annotations
@@ -35,6 +36,26 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 def peak_rss_mib() -> float:
     """This process's peak resident set size in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def resident_mib(array: Any) -> float | None:
+    """MiB of ``array``'s memory that is resident now: the present bit of each of its pages in
+    Linux's ``/proc/self/pagemap`` (a lazily allocated KV pool counts only the pages touched).
+    None where there is no pagemap (not Linux).
+    """
+    import numpy as np
+
+    page = resource.getpagesize()
+    first = int(array.ctypes.data) // page
+    last = (int(array.ctypes.data) + int(array.nbytes) - 1) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            entries = np.frombuffer(f.read((last - first + 1) * 8), np.uint64)
+    except OSError:
+        return None
+    present = int(np.count_nonzero(entries >> np.uint64(63)))
+    return present * page / float(1 << 20)
 
 
 def run_worker(
@@ -92,8 +113,10 @@ def main(argv: list[str]) -> None:
     module, name = TASKS[task].split(":")
     fn = getattr(importlib.import_module(module), name)
     args = json.loads(Path(args_path).read_text(encoding="utf-8"))
-    result = fn(args, _progress)
-    _emit({"event": "result", "result": {**result, "peak_rss_mib": peak_rss_mib()}})
+    result = {**fn(args, _progress), "peak_rss_mib": peak_rss_mib()}
+    if result.get("kv_cache_mib") is not None:
+        result["peak_rss_minus_kv_mib"] = result["peak_rss_mib"] - result["kv_cache_mib"]
+    _emit({"event": "result", "result": result})
 
 
 if __name__ == "__main__":

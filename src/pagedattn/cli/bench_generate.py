@@ -108,14 +108,20 @@ def bench_generate(
         (f"decode tok/s ({output_len} tokens, greedy)", "decode_tok_s"),
         ("peak RSS MiB", "peak_rss_mib"),
     ]
+    kv_rows = [
+        ("KV cache MiB (resident)", "kv_cache_mib"),
+        ("peak RSS minus KV cache MiB", "peak_rss_minus_kv_mib"),
+    ]
     for label, key in rows:
         ours = results["ours"][key]
         ref = results["hf"][key] if hf else None
         ratio = "" if ref is None else f"{ours / ref:.2f}x"
         table.add_row(label, f"{ours:.1f}", "-" if ref is None else f"{ref:.1f}", ratio)
+    for label, key in rows + kv_rows:
         if peer_result is not None:
-            lc = peer_result[key]
-            peer_table.add_row(label, f"{ours:.1f}", f"{lc:.1f}", f"{ours / lc:.2f}x")
+            ours, lc = results["ours"].get(key), peer_result.get(key)
+            ratio = "" if ours is None or not lc else f"{ours / lc:.2f}x"
+            peer_table.add_row(label, _mib(ours), _mib(lc), ratio)
     console.print(table)
     if peer_result is None:
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
@@ -138,3 +144,7 @@ def bench_generate(
         "model load included. llama.cpp: llama-cpp-python on the same GGUF and thread count, "
         "prefill = median time of evaluating the prompt, decode = greedy argmax of its logits."
     )
+
+
+def _mib(value: float | None) -> str:
+    return "not reported" if value is None else f"{value:.1f}"

@@ -39,6 +39,7 @@ def bench_kernels(
 
     from pagedattn.backends import resolve_backend
     from pagedattn.bench.kernels import TORCH_HINT, bench_decode
+    from pagedattn.bench.targets import kernel_targets
 
     with cli_errors():  # --device is for torch / cupy; the numpy backend is always on the cpu
         specs = [
@@ -56,7 +57,8 @@ def bench_kernels(
         console.print(TORCH_HINT)
 
     table = Table()
-    for name in ("batch", "context", "paged ms", "KV GB/s", "copy GB/s (r+w)", "% copy"):
+    columns = ("batch", "context", "paged ms", "KV GB/s", "read GB/s", "% read", "copy GB/s (r+w)")
+    for name in columns:
         table.add_column(name, justify="right")
     for spec in specs:
         table.add_column(f"xp {spec} ms", justify="right")
@@ -64,6 +66,9 @@ def bench_kernels(
     if has_torch:
         table.add_column("torch SDPA ms", justify="right")
         table.add_column("speedup", justify="right")
+    targets = Table(title="issue 13 targets (ratios measured in this run)")
+    for name in ("target", "measured", "goal", "met"):
+        targets.add_column(name, justify="left" if name in ("target", "met") else "right")
     for b in batches:
         for c in contexts:
             r = bench_decode(b, c, repeats, backends=specs)
@@ -72,14 +77,17 @@ def bench_kernels(
                 str(c),
                 f"{r.paged_ms:.3f}",
                 f"{r.kv_gbps:.1f}",
+                f"{r.read_gbps:.1f}",
+                f"{r.pct_read:.0f}%",
                 f"{r.copy_gbps:.1f}",
-                f"{r.pct_copy:.0f}%",
             ]
             for _, ms in r.xp_ms:
                 row += [f"{ms:.3f}", f"{ms / r.paged_ms:.2f}x"]
             if has_torch and r.torch_ms is not None and r.speedup is not None:
                 row += [f"{r.torch_ms:.3f}", f"{r.speedup:.2f}x"]
             table.add_row(*row)
+            for label, value, goal, verdict in kernel_targets(b, r.pct_read, r.speedup):
+                targets.add_row(f"batch {b}, context {c}: {label}", value, goal, verdict)
     layer = numba.threading_layer()  # type: ignore[attr-defined]
     table.title = (
         f"decode attention, {numba.get_num_threads()} threads "
@@ -87,9 +95,11 @@ def bench_kernels(
     )
     console.print(table)
     console.print(
-        "KV GB/s = bytes of K+V read / time; copy = np.copyto on a buffer of the same size, "
-        "counting read + write bytes."
+        "KV GB/s = bytes of K+V read / time; read = a read-only pass over the same pages; "
+        "copy = np.copyto on a buffer of the same size, counting read + write bytes."
     )
+    if targets.row_count:
+        console.print(targets)
     if specs:
         console.print(
             "xp = the array-namespace kernel (backends/xp_kernels.py) on that backend; "
