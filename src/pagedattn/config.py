@@ -237,6 +237,9 @@ class EngineConfig:
             (``cupy`` is refused by the engine: it serves KVStream and the kernels).
         device: ``cpu`` or ``cuda``; None = the backend's default (see
             :mod:`pagedattn.backends`).
+        activations: ``float32`` (exact, the default) or ``int8`` (numpy backend: 4-bit
+            projections on int8-quantized inputs, as llama.cpp; see
+            :class:`pagedattn.model.llama.LlamaModel`).
 
     Raises:
         ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store;
@@ -250,9 +253,14 @@ class EngineConfig:
     kv_store: str | None = None
     backend: str = "numpy"
     device: str | None = None
+    activations: str = "float32"
 
     def __post_init__(self) -> None:
         validate_backend(self.backend, self.device)
+        if self.activations not in ("float32", "int8"):
+            raise ValueError(
+                f"EngineConfig.activations: expected 'float32' or 'int8', got {self.activations!r}"
+            )
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"EngineConfig.cache: expected a CacheConfig, got {self.cache!r}")
         if not isinstance(self.scheduler, SchedulerConfig):

@@ -133,9 +133,17 @@ def test_bench_generate_with_hf_reference_on_the_tiny_gguf(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "ours / HF" in result.stdout
-    hf = json.loads(out.read_text())["hf"]
+    figures = json.loads(out.read_text())
+    hf = figures["hf"]
     for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib"):
         assert hf[key] > 0
+    # the exact path agrees with HF: same first token, same greedy continuation
+    assert "fidelity vs HF transformers float32" in result.stdout
+    assert figures["ours"]["greedy_ids"] == hf["greedy_ids"] and len(hf["greedy_ids"]) == 3
+    shared = set(hf["first_logprobs"]) & set(figures["ours"]["first_logprobs"])
+    assert len(shared) >= 10
+    for token in shared:
+        assert abs(hf["first_logprobs"][token] - figures["ours"]["first_logprobs"][token]) < 1e-3
 
 
 def test_cpu_features_read_the_flags_line(tmp_path: Path) -> None:

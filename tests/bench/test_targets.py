@@ -7,6 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
+from pagedattn.bench.fidelity import fidelity
 from pagedattn.bench.targets import (
     ENGINE_TARGETS,
     GENERATE_TARGETS,
@@ -79,3 +80,13 @@ def test_kernel_targets_by_batch() -> None:
     assert kernel_targets(1, 5.0, 1.0)[0][3] == "met"  # not slower than SDPA at batch 1
     assert kernel_targets(1, 5.0, None)[0][3] == "not measured: torch absent"
     assert kernel_targets(8, 50.0, 2.0) == []  # no target at other batch sizes
+
+
+def test_fidelity_compares_shared_top_tokens_and_greedy_prefix() -> None:
+    ref = {"first_logprobs": {"5": -0.5, "7": -1.5, "9": -3.0}, "greedy_ids": [5, 1, 2, 3]}
+    side = {"first_logprobs": {"5": -0.6, "7": -1.2, "8": -2.0}, "greedy_ids": [5, 1, 4, 3]}
+    f = fidelity(side, ref)
+    assert f is not None
+    assert f.max_logprob_diff == pytest.approx(0.3)  # token 7: |-1.2 - -1.5|; 9 not shared
+    assert (f.compared, f.same_argmax, f.greedy_prefix, f.greedy_len) == (2, True, 2, 4)
+    assert fidelity({"first_logprobs": {}}, ref) is None  # a side without the figures

@@ -43,7 +43,9 @@ def model_backend(model: Any) -> BackendSpec:
     return spec if isinstance(spec, BackendSpec) else NUMPY
 
 
-def build_model(loaded: LoadedModel, spec: BackendSpec, dtype: str = "float32") -> Any:
+def build_model(
+    loaded: LoadedModel, spec: BackendSpec, dtype: str = "float32", activations: str = "float32"
+) -> Any:
     """The model of ``loaded`` for ``spec``.
 
     Args:
@@ -51,16 +53,23 @@ def build_model(loaded: LoadedModel, spec: BackendSpec, dtype: str = "float32") 
         spec: from :func:`resolve_model_backend`.
         dtype: torch weight / activation dtype (``float32``, ``float16``, ``bfloat16``); the
             NumPy backend computes in float32 only.
+        activations: ``float32`` or ``int8`` (numpy only: see
+            :class:`pagedattn.model.llama.LlamaModel`).
 
     Raises:
-        BackendError: cupy; ValueError: a dtype other than float32 on numpy.
+        BackendError: cupy; ValueError: a dtype other than float32 on numpy, int8
+            activations on another backend (or without AVX2).
     """
     if spec.name == "numpy":
         if dtype != "float32":
             raise ValueError(f"dtype: backend numpy computes in float32, got {dtype!r}")
         from pagedattn.model.llama import LlamaModel
 
-        return LlamaModel.from_loaded(loaded)
+        return LlamaModel.from_loaded(loaded, activations)
+    if activations != "float32":
+        raise ValueError(
+            f"activations: {activations} runs on the numpy backend only (got {spec.name})"
+        )
     if spec.name == "torch":
         from pagedattn.backends.torch_model import TorchLlamaModel
 

@@ -56,7 +56,8 @@ def backend_args(spec: BackendSpec) -> dict[str, str]:
 
 def worker_model(loaded: LoadedModel, args: dict[str, Any]) -> Any:
     """The model a benchmark worker runs: ``args["backend"]`` / ``args["device"]`` (default
-    numpy), with torch's intra-op threads set to ``args["threads"]``.
+    numpy) and ``args["activations"]`` (default float32), with torch's intra-op threads set to
+    ``args["threads"]``.
 
     Raises:
         BackendError: the library or device is missing, or cupy.
@@ -68,7 +69,7 @@ def worker_model(loaded: LoadedModel, args: dict[str, Any]) -> Any:
         import torch
 
         torch.set_num_threads(int(args.get("threads", 1)))
-    return build_model(loaded, spec)
+    return build_model(loaded, spec, activations=args.get("activations", "float32"))
 
 
 def measure_backends(

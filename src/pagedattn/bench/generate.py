@@ -64,6 +64,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         enable_prefix_caching=False,
         backend=args.get("backend", "numpy"),
         device=args.get("device"),
+        activations=args.get("activations", "float32"),
     )
     loaded = load_model(args.get("model"))
     model = worker_model(loaded, args)  # numpy: projections on the GGUF blocks
@@ -84,12 +85,18 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     progress("ours decode", total, total)
     generated = len(out.outputs[0].token_ids)
     prefill_s = statistics.median(times)
+    # fidelity (not timed): the first generated position's top logprobs
+    first = run_one(engine, prompt, SamplingParams(temperature=0.0, max_tokens=1, logprobs=20))
+    assert first.outputs[0].logprobs is not None
+    first_logprobs = {str(t): lp.logprob for t, lp in first.outputs[0].logprobs[0].items()}
     pool = engine.page_pool.kv
     return {
         "prefill_tok_s": len(prompt) / prefill_s,
         "decode_tok_s": (generated - 1) / (m.last_token_time - m.first_token_time),
         "prefill_s": prefill_s,
         "generated": generated,
+        "greedy_ids": list(out.outputs[0].token_ids),
+        "first_logprobs": first_logprobs,
         # the pages of the pool this run touched (a NumPy pool is allocated lazily)
         "kv_cache_mib": resident_mib(pool) if isinstance(pool, np.ndarray) else None,
     }

@@ -57,7 +57,7 @@ def hf_single_stream(
     output_len: int,
     repeats: int,
     progress: Progress,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Prefill and decode speed of HF ``generate`` for one sequence (greedy, EOS ignored).
 
     Method: prefill = median time of one ``model(prompt)`` forward with ``use_cache=True``
@@ -70,7 +70,9 @@ def hf_single_stream(
         repeats: timed forwards for the prefill median. progress: (phase, done, total).
 
     Returns:
-        ``{"prefill_tok_s", "decode_tok_s", "prefill_s", "generate_s"}``.
+        ``{"prefill_tok_s", "decode_tok_s", "prefill_s", "generate_s", "greedy_ids",
+        "first_logprobs"}``: the greedy tokens of the timed ``generate``, and the top-20
+        log-probabilities (token id as text -> float) at the first generated position.
     """
     import torch
 
@@ -79,8 +81,8 @@ def hf_single_stream(
     ids = torch.tensor([list(prompt_ids)])
     mask = torch.ones_like(ids)
 
-    def gen(n: int) -> None:
-        model.generate(
+    def gen(n: int) -> Any:
+        return model.generate(
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=n,
@@ -98,14 +100,21 @@ def hf_single_stream(
             progress("HF prefill", i + 1, total)
         t1 = _timed(lambda: gen(1))
         progress("HF generate", repeats + 1, total)
-        tn = _timed(lambda: gen(output_len))
+        generated: list[Any] = []
+        tn = _timed(lambda: generated.append(gen(output_len)))
         progress("HF generate", total, total)
+        logits = model(ids, use_cache=False).logits[0, -1].double()  # not timed
+        first = torch.log_softmax(logits, dim=-1).topk(20)
     prefill_s = statistics.median(times)
     return {
         "prefill_tok_s": len(prompt_ids) / prefill_s,
         "decode_tok_s": (output_len - 1) / max(tn - t1, 1e-9),
         "prefill_s": prefill_s,
         "generate_s": tn,
+        "greedy_ids": [int(t) for t in generated[0][0, len(prompt_ids) :]],
+        "first_logprobs": {
+            str(int(t)): float(v) for t, v in zip(first.indices, first.values, strict=True)
+        },
     }
 
 

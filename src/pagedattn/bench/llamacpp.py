@@ -3,7 +3,8 @@ same GGUF, same prompt ids, same thread count, greedy, each side in its own proc
 
 Only measured when ``llama_cpp`` is importable (:func:`available`); the CLI prints "not
 measured" otherwise, never stored numbers. Greedy tokens are the argmax of the logits
-llama.cpp returns for the last evaluated token (``Llama.eval`` / ``Llama.scores``).
+llama.cpp returns for the last evaluated token (``Llama.eval``, then
+``llama_get_logits_ith(ctx, -1)``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ def _load(args: dict[str, Any], n_ctx: int) -> tuple[Any, float | None]:
         saved = os.dup(2)
         os.dup2(log.fileno(), 2)
         try:
-            # n_batch = n_ctx: without logits_all, llama-cpp-python keeps n_batch rows of
-            # scores and writes the last token's logits at row n_past + n_tokens - 1, so a
-            # context longer than n_batch would index past them; n_ubatch stays 512.
+            # n_batch = n_ctx: a prompt is one llama_decode call (llama.cpp computes it in
+            # micro-batches of n_ubatch = 512), as llama-batched-bench and llama-server do.
             llm = Llama(
                 model_path=str(args["model_path"]),
                 n_ctx=n_ctx,
@@ -59,8 +59,22 @@ def _load(args: dict[str, Any], n_ctx: int) -> tuple[Any, float | None]:
     return llm, None if found is None else float(found.group(1))
 
 
-def _greedy(llm: Any, prompt: Sequence[int], new_tokens: int) -> tuple[float, float, int]:
-    """Evaluate ``prompt`` then decode ``new_tokens`` greedily on a fresh context.
+def _last_logits(llm: Any) -> Any:
+    """(n_vocab,) float32 logits of the last evaluated token. llama-cpp-python 0.3.x fills
+    ``Llama.scores`` only with ``logits_all=True`` (its argmax was always 0 without it), so
+    they are read from llama.cpp's own ``llama_get_logits_ith(ctx, -1)``."""
+    import llama_cpp
+    import numpy as np
+
+    pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),))
+
+
+def _greedy(
+    llm: Any, prompt: Sequence[int], new_tokens: int, tokens: list[int] | None = None
+) -> tuple[float, float, int]:
+    """Evaluate ``prompt`` then decode ``new_tokens`` greedily on a fresh context (appending
+    them to ``tokens`` when given).
 
     Returns:
         (prefill seconds, seconds from the first to the last generated token, tokens made).
@@ -70,14 +84,30 @@ def _greedy(llm: Any, prompt: Sequence[int], new_tokens: int) -> tuple[float, fl
     llm.reset()
     start = time.perf_counter()
     llm.eval(list(prompt))
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = int(np.argmax(_last_logits(llm)))
     first = time.perf_counter()
     made = 1
+    out = [token]
     while made < new_tokens:
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(_last_logits(llm)))
+        out.append(token)
         made += 1
+    if tokens is not None:
+        tokens.extend(out)
     return first - start, time.perf_counter() - first, made
+
+
+def _first_logprobs(llm: Any, prompt: Sequence[int]) -> dict[str, float]:
+    """Top-20 log-probabilities at the first generated position (token id as text)."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(list(prompt))
+    logits = np.asarray(_last_logits(llm), np.float64)
+    logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    top = np.argsort(-logprobs)[:20]
+    return {str(int(t)): float(logprobs[t]) for t in top}
 
 
 def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
@@ -95,7 +125,8 @@ def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]
     for i in range(repeats):
         times.append(_greedy(llm, prompt, 1)[0])
         progress("llama.cpp prefill", i + 2, total)
-    _, decode_s, made = _greedy(llm, prompt, output_len)
+    greedy_ids: list[int] = []
+    _, decode_s, made = _greedy(llm, prompt, output_len, greedy_ids)
     progress("llama.cpp decode", total, total)
     prefill_s = statistics.median(times)
     return {
@@ -104,6 +135,8 @@ def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]
         "prefill_s": prefill_s,
         "generated": made,
         "kv_cache_mib": kv_cache_mib,
+        "greedy_ids": greedy_ids,
+        "first_logprobs": _first_logprobs(llm, prompt),
     }
 
 

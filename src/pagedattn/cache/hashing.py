@@ -109,6 +109,7 @@ def cache_namespace(
     sliding_window: int | None = None,
     num_sink_tokens: int = 0,
     position_mode: str = "absolute",
+    activations: str = "float32",
     backend: str = "numpy",
     device: str = "cpu",
     layout_version: int = LAYOUT_VERSION,
@@ -129,6 +130,9 @@ def cache_namespace(
         rope_scaling: canonical text of any RoPE scaling config ("" for none).
         sliding_window: W or None; num_sink_tokens: S >= 0.
         position_mode: ``"absolute"`` or ``"shifted"``.
+        activations: how the projections meet 4-bit weights (``"float32"`` exact, ``"int8"``
+            llama.cpp-style): int8 KV is ~1% off the exact KV, so the two never share pages.
+            (``float32`` adds no field, so existing namespaces are unchanged.)
         backend, device: the compute backend and device with its precision mode (e.g.
             ``"numpy"``, ``"cpu"``): other kernels give other KV bits, so their pages are
             never mixed, in memory or in a persistent tier.
@@ -162,7 +166,7 @@ def cache_namespace(
         raise ValueError(
             f"cache_namespace: position_mode must be 'absolute' or 'shifted', got {position_mode!r}"
         )
-    fields = (
+    fields: tuple[str, ...] = (
         f"layout_version={layout_version}",
         f"model={model_fingerprint}",
         f"dtype={dtype_name}",
@@ -178,4 +182,6 @@ def cache_namespace(
         f"backend={backend}",
         f"device={device}",
     )
+    if activations != "float32":
+        fields += (f"activations={activations}",)
     return xxhash.xxh3_128_digest("\n".join(fields).encode("utf-8"))

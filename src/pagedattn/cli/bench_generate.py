@@ -10,7 +10,7 @@ import typer
 
 from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ModelOption, cli_errors
+from pagedattn.cli.options import ActivationsOption, ModelOption, cli_errors
 
 
 @bench_app.command("generate")
@@ -28,6 +28,7 @@ def bench_generate(
         bool, typer.Option(help='Also time cold `generate "Hi" --max-tokens 1` (2 s target).')
     ] = True,
     backend: BackendsOption = None,
+    activations: ActivationsOption = "float32",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -61,6 +62,7 @@ def bench_generate(
             "prompt_ids": ids,
             "output_len": output_len,
             "repeats": repeats,
+            "activations": activations,
         }
         specs = bench_backends.parse_backends(backend)
         args.update(bench_backends.backend_args(specs[0]))
@@ -132,6 +134,8 @@ def bench_generate(
         console.print(
             bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
         )
+    if hf:
+        console.print(_fidelity_table(results, f"ours ({activations})"))
     print_targets(console, GENERATE_TARGETS, results)
     console.print(cpu_line())
     console.print(
@@ -148,3 +152,28 @@ def bench_generate(
 
 def _mib(value: float | None) -> str:
     return "not reported" if value is None else f"{value:.1f}"
+
+
+def _fidelity_table(results: dict[str, dict[str, Any]], ours_label: str) -> Any:
+    """Each side against HF transformers float32 (:mod:`pagedattn.bench.fidelity`)."""
+    from rich.table import Table
+
+    from pagedattn.bench.fidelity import fidelity
+
+    table = Table(title="fidelity vs HF transformers float32 (same prompt)")
+    for name in ("side", "max |logprob diff|, first token", "same argmax", "greedy tokens equal"):
+        table.add_column(name, justify="left" if name == "side" else "right")
+    for key, label in (("ours", ours_label), ("llamacpp", "llama.cpp")):
+        if key not in results:
+            continue
+        f = fidelity(results[key], results["hf"])
+        if f is None:
+            table.add_row(label, "not reported", "-", "-")
+            continue
+        table.add_row(
+            label,
+            f"{f.max_logprob_diff:.2e} (top {f.compared})",
+            "yes" if f.same_argmax else "NO",
+            f"{f.greedy_prefix} of {f.greedy_len}",
+        )
+    return table

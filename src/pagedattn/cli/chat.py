@@ -21,6 +21,7 @@ import typer
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
     ENGINE,
+    ActivationsOption,
     BackendOption,
     DeviceOption,
     IgnoreEosOption,
@@ -161,6 +162,7 @@ def chat(
     kv_store: KvStoreOption = None,
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
+    activations: ActivationsOption = "float32",
     session: Annotated[
         str | None,
         typer.Option(
@@ -205,6 +207,7 @@ def chat(
             kv_store=kv_store,
             backend=backend,
             device=device,
+            activations=activations,
         )
         conversation = Conversation(engine.tokenizer, system)
         first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template

@@ -9,6 +9,7 @@ import typer
 
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
+    ActivationsOption,
     BackendOption,
     DeviceOption,
     IgnoreEosOption,
@@ -63,6 +64,7 @@ def generate(
     kv_store: KvStoreOption = None,
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
+    activations: ActivationsOption = "float32",
     stats: StatsOption = False,
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
@@ -95,6 +97,7 @@ def generate(
             kv_store=kv_store,
             backend=backend,
             device=device,
+            activations=activations,
         )
         tokenizer = engine.tokenizer
         if raw:

@@ -107,6 +107,17 @@ BackendOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+ActivationsOption = Annotated[
+    str,
+    typer.Option(
+        "--activations",
+        metavar="float32|int8",
+        help="How the 4-bit projections meet their inputs: float32 (exact, the default) or int8 "
+        "(quantized per 32-input block, as llama.cpp does: faster decoding, not exact; numpy "
+        "backend, AVX2).",
+        rich_help_panel=ENGINE,
+    ),
+]
 DeviceOption = Annotated[
     str | None,
     typer.Option(
@@ -181,6 +192,7 @@ def build_engine(
     kv_store: str | None = None,
     backend: str = "numpy",
     device: str | None = None,
+    activations: str = "float32",
 ) -> LLMEngine:
     """Load the model and build an engine from the shared engine options.
 
@@ -190,7 +202,7 @@ def build_engine(
             tokens, 0 = none; sinks: sink tokens; position_mode: "absolute" or "shifted";
             prefix_caching: enable the prefix cache; kv_store: the persistent tier (a
             directory or redis://HOST:PORT/DB) or None; backend, device: the array backend
-            (:mod:`pagedattn.backends`).
+            (:mod:`pagedattn.backends`); activations: ``float32`` or ``int8``.
 
     Raises:
         ValueError: a value the configs reject; FileNotFoundError: a missing model;
@@ -210,6 +222,7 @@ def build_engine(
         kv_store=kv_store,
         backend=backend,
         device=device,
+        activations=activations,
     )
     return LLMEngine.from_config(config)
 

@@ -9,6 +9,7 @@ import typer
 from pagedattn.cli.app import app
 from pagedattn.cli.options import (
     ENGINE,
+    ActivationsOption,
     BackendOption,
     DeviceOption,
     KvCacheMibOption,
@@ -83,6 +84,7 @@ def serve(
     kv_store: KvStoreOption = None,
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
+    activations: ActivationsOption = "float32",
     default_max_tokens: Annotated[
         int,
         typer.Option(
@@ -157,6 +159,7 @@ def serve(
             seed=seed,
             backend=backend,
             device=device,
+            activations=activations,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)

@@ -24,14 +24,15 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
             enable_prefix_caching, sliding_window, num_sink_tokens, position_mode), any
             SchedulerConfig field (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
             max_model_len), ``seed``, ``kv_store`` (a directory or ``redis://HOST:PORT/DB``),
-            ``backend`` (numpy, torch) and ``device`` (cpu, cuda).
+            ``backend`` (numpy, torch), ``device`` (cpu, cuda) and ``activations`` (float32,
+            int8).
 
     Raises:
         ValueError: an unknown keyword, or a value the configs reject.
     """
     cache_fields = {f.name for f in dataclasses.fields(CacheConfig)}
     sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    engine_fields = {"seed", "kv_store", "backend", "device"}
+    engine_fields = {"seed", "kv_store", "backend", "device", "activations"}
     unknown = set(kwargs) - cache_fields - sched_fields - engine_fields
     if unknown:
         raise ValueError(
@@ -46,6 +47,7 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
         kv_store=kwargs.get("kv_store"),
         backend=kwargs.get("backend", "numpy"),
         device=kwargs.get("device"),
+        activations=kwargs.get("activations", "float32"),
     )
 
 

@@ -80,6 +80,11 @@ class LLMEngine:
                 f"backend: the model runs on {model_backend(model)}, the engine config asks "
                 f"for {self.backend}; build it with pagedattn.backends.models.build_model"
             )
+        if getattr(model, "activations", "float32") != config.activations:
+            raise ValueError(
+                f"activations: the model computes with {getattr(model, 'activations', 'float32')}"
+                f", the engine config asks for {config.activations}"
+            )
         self.page_pool = PagePool(
             mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
             backend=self.backend,
@@ -96,6 +101,7 @@ class LLMEngine:
             sliding_window=cc.sliding_window,
             num_sink_tokens=cc.num_sink_tokens,
             position_mode=cc.position_mode,
+            activations=config.activations,
         )
         self.namespace = namespace
         self.kv_tier = self._open_tier(kv_store, config, namespace)
@@ -168,7 +174,7 @@ class LLMEngine:
         config = EngineConfig() if config is None else config
         spec = resolve_model_backend(config.backend, config.device)  # fail before loading
         loaded = load_model(config.model)
-        model = build_model(loaded, spec)
+        model = build_model(loaded, spec, activations=config.activations)
         return cls(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 
     # ---- requests --------------------------------------------------------------------------

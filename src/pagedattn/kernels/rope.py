@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
 
@@ -132,15 +133,29 @@ def apply_rope_cos_sin(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nd
         raise ValueError(
             f"cos/sin: expected shape ({x.shape[0]}, {half}), got {cos.shape} and {sin.shape}"
         )
-    c = cos[:, None, :]  # (T, 1, D/2) broadcast over heads
-    s = sin[:, None, :]  # (T, 1, D/2)
-    x1, x2 = x[..., :half], x[..., half:]  # (T, H, D/2) each
     out = np.empty(x.shape, dtype=np.float32)  # (T, H, D)
-    np.multiply(x1, c, out=out[..., :half])
-    out[..., :half] -= x2 * s  # x1 cos - x2 sin
-    np.multiply(x2, c, out=out[..., half:])
-    out[..., half:] += x1 * s  # x2 cos + x1 sin
+    _rope_kernel(
+        np.ascontiguousarray(x, dtype=np.float32),
+        np.ascontiguousarray(cos, dtype=np.float32),
+        np.ascontiguousarray(sin, dtype=np.float32),
+        out,
+    )
     return out
+
+
+@numba.njit(cache=True, nogil=True)  # no fastmath: a product and a difference, each rounded
+def _rope_kernel(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """out = [x1 cos - x2 sin, x2 cos + x1 sin] per (token, head): each product rounded, then
+    the sum (no fused multiply-add), as NumPy's elementwise ``x1 * c - x2 * s`` does."""
+    half = cos.shape[1]
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for i in range(half):
+                x1, x2, c, s = x[t, h, i], x[t, h, half + i], cos[t, i], sin[t, i]
+                out[t, h, i] = x1 * c - x2 * s
+                out[t, h, half + i] = x2 * c + x1 * s
 
 
 def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:

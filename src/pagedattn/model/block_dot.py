@@ -29,6 +29,7 @@ which does less work per weight and is not exact.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -390,3 +391,185 @@ def matmul_float(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         n0 = task * ROWS_PER_TASK
         _apply_rows(w, n0, min(num_out, n0 + ROWS_PER_TASK) - n0, x, out, n0)
+
+
+# --- int8 activations (opt-in, not exact) -------------------------------------------------------
+#
+# llama.cpp's CPU path for Q4 weights (``ggml_vec_dot_q4_1_q8_1``): each 32-input block of an
+# activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a block's dot
+# product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)``, with the integer sum from
+# AVX2's ``vpmaddubsw`` (unsigned codes times signed int8, pairwise into int16: at most
+# 2 * 15 * 127, no saturation) and ``vpmaddwd`` (pairs into int32). Every (row, output) is the
+# same sequence of operations for any row count: batch invariance holds on this path too.
+
+_V16I8 = ir.VectorType(_I8, 16)
+_V32I8 = ir.VectorType(_I8, 32)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+_V8I32 = ir.VectorType(_I32, 8)
+_V8F = ir.VectorType(_F32, 8)
+
+
+@functools.cache
+def host_has_avx2() -> bool:
+    """True when the CPU Numba compiles for has AVX2 (the int8 kernels' instructions)."""
+    from llvmlite import binding
+
+    return bool(binding.get_host_cpu_features().get("avx2", False))
+
+
+def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+def _make_int8_dot(kind: int, rows: int) -> Any:
+    """Intrinsic (blocks, n0, scale, offset, xq, xd, xs, t) -> UniTuple(float32, rows):
+    out[t, n0 + r] from int8 activations ``xq`` (T, K), block scales ``xd`` and sums ``xs``
+    (T, K / 32). 4-bit kinds only (Q4_0 = 0, Q4_1 = 1)."""
+    size, header, _ = _LAYOUT[kind]
+
+    @intrinsic  # type: ignore[misc]
+    def int8_dot(
+        typingctx: Any,
+        blocks: Any,
+        n0: Any,
+        scale: Any,
+        offset: Any,
+        xq: Any,
+        xd: Any,
+        xs: Any,
+        t: Any,
+    ) -> Any:
+        sig = types.UniTuple(types.float32, rows)(blocks, n0, scale, offset, xq, xd, xs, t)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            b_arr, s_arr, o_arr, q_arr, d_arr, x_arr = (
+                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4, 5, 6)
+            )
+            n_first, t_row = args[1], args[7]
+            i64 = n_first.type
+            fma8 = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
+            )
+            fma1 = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32"
+            )
+            ones = ir.Constant(_V16I16, [1] * 16)
+            accs = [ir.Constant(_V8F, [0.0] * 8)] * rows + [_F32(0.0)] * rows
+
+            def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                k = builder.mul(b, i64(BLOCK))
+                xqv = builder.load(
+                    builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer()), align=1
+                )
+                dx = builder.load(d_arr.ptr(builder, t_row, b))
+                sx = builder.load(x_arr.ptr(builder, t_row, b))
+                vec, off = list(accs[:rows]), list(accs[rows:])
+                for r in range(rows):
+                    n = builder.add(n_first, i64(r))
+                    start = builder.mul(b, i64(size))
+                    codes = b_arr.ptr(builder, n, builder.add(start, i64(header)))
+                    _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
+                    packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
+                    lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+                    hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+                    codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
+                    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
+                    quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
+                    d = builder.load(s_arr.ptr(builder, n, b))
+                    m = builder.load(o_arr.ptr(builder, n, b))
+                    ddx = _splat8(builder, builder.fmul(d, dx))
+                    vec[r] = builder.call(fma8, [ddx, builder.sitofp(quads, _V8F), vec[r]])
+                    off[r] = builder.call(fma1, [m, sx, off[r]])
+                return vec + off
+
+            _block_loop(builder, s_arr.shape[1], accs, body)
+            sums = [builder.fadd(_hsum8(builder, accs[r]), accs[rows + r]) for r in range(rows)]
+            return context.make_tuple(builder, sig.return_type, sums)
+
+        return sig, codegen
+
+    return int8_dot
+
+
+def _splat8(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    one = builder.insert_element(ir.Constant(ir.VectorType(_F32, 1), ir.Undefined), value, _I32(0))
+    return builder.shuffle_vector(one, one, _mask([0] * 8))
+
+
+def _hsum8(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """Eight lanes summed by halving, as :func:`_hsum`."""
+    width = 8
+    while width > 1:
+        width //= 2
+        v = builder.fadd(
+            builder.shuffle_vector(v, v, _mask(range(width))),
+            builder.shuffle_vector(v, v, _mask(range(width, 2 * width))),
+        )
+    return builder.extract_element(v, _I32(0))
+
+
+_i8_q4_0_by4, _i8_q4_0_by1 = _make_int8_dot(0, DECODE_TILE), _make_int8_dot(0, 1)
+_i8_q4_1_by4, _i8_q4_1_by1 = _make_int8_dot(1, DECODE_TILE), _make_int8_dot(1, 1)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def quantize_activations(
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """Per 32-input block of each row of ``x`` (T, K) float32 (ggml's ``quantize_row_q8_1``):
+    ``xd = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for an all-zero block) and
+    ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
+    ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
+    offset`` (summing the unquantized ``x`` for the offset term would leave
+    ``scale * sum(code * error)``, several times larger)."""
+    num_blocks = x.shape[1] // BLOCK
+    for t in numba.prange(x.shape[0]):
+        for b in range(num_blocks):
+            amax = np.float32(0.0)
+            for j in range(b * BLOCK, (b + 1) * BLOCK):
+                amax = max(amax, abs(x[t, j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+            total = 0
+            for j in range(b * BLOCK, (b + 1) * BLOCK):
+                q = np.int8(np.rint(x[t, j] * inv))
+                xq[t, j] = q
+                total += int(q)
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(total)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_int8(
+    xq: np.ndarray,
+    xd: np.ndarray,
+    xs: np.ndarray,
+    blocks: np.ndarray,
+    kind: int,
+    scale: np.ndarray,
+    offset: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """out[t, n] from int8 activations (:func:`quantize_activations`) and Q4_0 / Q4_1 rows,
+    DECODE_TILE rows side by side; parallel over tasks of ROWS_PER_TASK output rows."""
+    num_out = blocks.shape[0]
+    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        n0 = task * ROWS_PER_TASK
+        n1 = min(num_out, n0 + ROWS_PER_TASK)
+        for t in range(xq.shape[0]):
+            n = n0
+            while n + DECODE_TILE <= n1:
+                if kind == 0:
+                    r = _i8_q4_0_by4(blocks, n, scale, offset, xq, xd, xs, t)
+                else:
+                    r = _i8_q4_1_by4(blocks, n, scale, offset, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    out[t, n + i] = r[i]
+                n += DECODE_TILE
+            while n < n1:
+                if kind == 0:
+                    out[t, n] = _i8_q4_0_by1(blocks, n, scale, offset, xq, xd, xs, t)[0]
+                else:
+                    out[t, n] = _i8_q4_1_by1(blocks, n, scale, offset, xq, xd, xs, t)[0]
+                n += 1

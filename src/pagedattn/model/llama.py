@@ -25,7 +25,13 @@ from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.forward_batch import ForwardBatch
-from pagedattn.model.quantized import BlockQuantized, Matrix, dequantize_rows, qmatmul
+from pagedattn.model.quantized import (
+    BlockQuantized,
+    Matrix,
+    check_activations,
+    dequantize_rows,
+    qmatmul,
+)
 from pagedattn.model.row_ops import rms_norm, silu_mul
 from pagedattn.model.weights import check_weights, expected_weight_shapes
 
@@ -71,9 +77,15 @@ class LlamaModel:
             (rotate-half) order; those present in ``quantized`` are not read (a lazy mapping,
             as :func:`pagedattn.model.loader.load_model` returns, never dequantizes them).
         quantized: exact block forms (``LoadedModel.quantized``), used instead of ``weights``.
+        activations: ``"float32"`` (default, exact) or ``"int8"``: the layers' Q4_0 / Q4_1
+            projections quantize their input per 32-input block to int8, as llama.cpp does
+            (:func:`~pagedattn.model.quantized.qmatmul`): faster decoding, logits no longer
+            within 1e-3 of HF (``pagedattn bench generate --activations int8`` prints the
+            deviation). Still batch-invariant.
 
     Raises:
-        ValueError: a missing tensor or one whose shape disagrees with ``config``.
+        ValueError: a missing tensor or one whose shape disagrees with ``config``, or
+            activations not ``float32`` / ``int8`` (int8 needs AVX2).
     """
 
     def __init__(
@@ -81,7 +93,10 @@ class LlamaModel:
         config: ModelConfig,
         weights: Mapping[str, np.ndarray],
         quantized: Mapping[str, BlockQuantized] | None = None,
+        activations: str = "float32",
     ) -> None:
+        check_activations(activations)
+        self.activations = activations
         blocks = dict(quantized or {})
         stored: dict[str, Matrix] = {
             n: blocks[n] if n in blocks else weights[n]
@@ -123,11 +138,11 @@ class LlamaModel:
             )
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel) -> LlamaModel:
+    def from_loaded(cls, loaded: LoadedModel, activations: str = "float32") -> LlamaModel:
         """The model of a :func:`pagedattn.model.loader.load_model` result, reading quantized
         matrices in block form (prefer this to ``LlamaModel(loaded.config, loaded.weights)``,
-        which would dequantize them)."""
-        return cls(loaded.config, loaded.weights, loaded.quantized)
+        which would dequantize them); ``activations`` as in the class."""
+        return cls(loaded.config, loaded.weights, loaded.quantized, activations)
 
     def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int, int, int]:
         """Shape of the KV pool this model reads: (layers, 2, num_pages, kv_heads, page_size, D)."""
@@ -233,9 +248,10 @@ class LlamaModel:
         split = AttentionSplit(batch)
         slots = plan_slots(batch.slot_mapping, T, kv.shape[2:])  # validated once, every layer
         x = self._embed(ids)  # (T, H)
+        act_mode = self.activations
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)
-            qkv = qmatmul(h, *layer.qkv)  # (T, (nh + 2 nkv) * D)
+            qkv = qmatmul(h, *layer.qkv, activations=act_mode)  # (T, (nh + 2 nkv) * D)
             q = qkv[:, : nh * D].reshape(T, nh, D)  # (T, nh, D) un-rotated
             k = qkv[:, nh * D : (nh + nkv) * D].reshape(T, nkv, D)  # (T, nkv, D)
             v = np.ascontiguousarray(qkv[:, (nh + nkv) * D :]).reshape(T, nkv, D)  # (T, nkv, D)
@@ -250,11 +266,11 @@ class LlamaModel:
                 attn = self._decode_with_mass(
                     batch, q_rot, q_sink, k_cache, v_cache, attention_mass
                 )
-            x += qmatmul(attn.reshape(T, nh * D), layer.o)  # (T, H)
+            x += qmatmul(attn.reshape(T, nh * D), layer.o, activations=act_mode)  # (T, H)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)  # (T, H)
-            gate_up = qmatmul(h, *layer.gate_up)  # (T, 2 I)
+            gate_up = qmatmul(h, *layer.gate_up, activations=act_mode)  # (T, 2 I)
             act = silu_mul(gate_up)  # (T, I)
-            x += qmatmul(act, layer.down)  # (T, H)
+            x += qmatmul(act, layer.down, activations=act_mode)  # (T, H)
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
         rows = rms_norm(rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
         return qmatmul(rows, self.lm_head)  # (num_outputs, V)

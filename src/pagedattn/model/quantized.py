@@ -27,9 +27,12 @@ import numpy as np
 from pagedattn.model.block_dot import (
     LANES,
     decode_row,
+    host_has_avx2,
     matmul_float,
     qmatmul_decode,
+    qmatmul_int8,
     qmatmul_tiled,
+    quantize_activations,
 )
 
 BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
@@ -182,7 +185,19 @@ def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
 Matrix = BlockQuantized | np.ndarray  # (out_features, in_features): blocks, or float32
 
 
-def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
+ACTIVATIONS = ("float32", "int8")  # how qmatmul meets 4-bit blocks (int8: opt-in, not exact)
+
+
+def check_activations(activations: str) -> None:
+    """Raise ValueError unless ``activations`` is one of :data:`ACTIVATIONS` and runs here
+    (``int8`` needs AVX2: :func:`pagedattn.model.block_dot.host_has_avx2`)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
+    if activations == "int8" and not host_has_avx2():
+        raise ValueError("activations: int8 needs a CPU with AVX2; use float32")
+
+
+def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.ndarray:
     """``x @ concat(parts).T`` with each ``out[t, n]`` independent of the other rows of ``x``.
 
     Several parts with the same ``in_features`` (q, k and v; gate and up) share one output
@@ -192,12 +207,18 @@ def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
         x: (num_tokens, in_features) float32.
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
+        activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
+            Q4_0 / Q4_1 parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
+            does (:func:`pagedattn.model.block_dot.qmatmul_int8`): faster, within about 1% of
+            the exact result; Q8_0 and float parts stay exact.
 
     Returns:
-        (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch.
+        (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
+        (on either path).
 
     Raises:
-        ValueError: no parts, an in_features mismatch, or a float part that is not float32.
+        ValueError: no parts, an in_features mismatch, a float part that is not float32, or
+            activations not in :data:`ACTIVATIONS` (int8 without AVX2).
     """
     if not parts:
         raise ValueError("qmatmul: expected at least one weight matrix")
@@ -205,6 +226,15 @@ def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"x: expected (num_tokens, {k}), got {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
+    int8: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    if activations != "float32":
+        check_activations(activations)
+        if k % BLOCK == 0:
+            xq = np.empty(x.shape, np.int8)
+            xd = np.empty((x.shape[0], k // BLOCK), np.float32)
+            xs = np.empty_like(xd)
+            quantize_activations(x, xq, xd, xs)
+            int8 = (xq, xd, xs)
     out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
     col = 0
     for w in parts:
@@ -213,8 +243,11 @@ def qmatmul(x: np.ndarray, *parts: Matrix) -> np.ndarray:
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
         view = out[:, col : col + n] if len(parts) > 1 else out
         if isinstance(w, BlockQuantized):
-            kernel = qmatmul_decode if x.shape[0] <= DECODE_MAX_ROWS else qmatmul_tiled
-            kernel(x, w.blocks, w.kind, w.scale, w.offset, view)
+            if int8 is not None and w.type_name in ("Q4_0", "Q4_1"):
+                qmatmul_int8(*int8, w.blocks, w.kind, w.scale, w.offset, view)
+            else:
+                kernel = qmatmul_decode if x.shape[0] <= DECODE_MAX_ROWS else qmatmul_tiled
+                kernel(x, w.blocks, w.kind, w.scale, w.offset, view)
         else:
             if w.dtype != np.float32 or w.ndim != 2:
                 raise ValueError(f"weights: expected float32 (out, in), got {w.dtype} {w.shape}")

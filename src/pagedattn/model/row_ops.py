@@ -28,15 +28,18 @@ def _rms_norm_kernel(
             ot[h] = (xt[h] * inv) * weight[h]
 
 
+SILU_CHUNK = 256  # elements per parallel task: elementwise, so even one row uses every thread
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _silu_mul_kernel(gate_up: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    inter = out.shape[1]
-    for t in numba.prange(out.shape[0]):
-        g, u, o = gate_up[t, :inter], gate_up[t, inter:], out[t]
-        for i in range(inter):  # sigmoid via tanh: no overflow for large |g|
-            o[i] = (
-                g[i] * (np.float32(0.5) * np.tanh(g[i] * np.float32(0.5)) + np.float32(0.5)) * u[i]
-            )
+    rows, inter = out.shape
+    per_row = (inter + SILU_CHUNK - 1) // SILU_CHUNK
+    for task in numba.prange(rows * per_row):
+        t, i0 = task // per_row, (task % per_row) * SILU_CHUNK
+        for i in range(i0, min(inter, i0 + SILU_CHUNK)):  # sigmoid via tanh: never overflows
+            g, u = gate_up[t, i], gate_up[t, inter + i]
+            out[t, i] = g * (np.float32(0.5) * np.tanh(g * np.float32(0.5)) + np.float32(0.5)) * u
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
