@@ -115,15 +115,37 @@ def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
     return builder.load(builder.bitcast(ptr, _VF.as_pointer()), align=4)
 
 
+_HALF = ir.HalfType()
+
+
+def _scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """A block's float32 scale and offset, read from its own bytes (``block``: i8* at its first
+    byte): the float16 scale (exactly widened), then Q4_1's float16 minimum, Q4_0's
+    ``-8 * scale`` (its codes are stored + 8; exact) or Q8_0's 0."""
+
+    def half_at(offset: int) -> ir.Value:
+        ptr = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
+        value = builder.load(builder.bitcast(ptr, _HALF.as_pointer()), align=1)
+        return builder.fpext(value, _F32)
+
+    d = half_at(0)
+    if kind == 1:
+        return d, half_at(2)
+    if kind == 0:
+        return d, builder.fmul(d, _F32(-8.0))
+    return d, _F32(0.0)
+
+
 def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
     """Elements ``[i * LANES, (i + 1) * LANES)`` of vector ``v``."""
     return builder.shuffle_vector(v, v, _mask(range(i * LANES, (i + 1) * LANES)))
 
 
-def _decoded_block(
-    builder: ir.IRBuilder, kind: int, codes: ir.Value, scale: ir.Value, offset: ir.Value
-) -> list[ir.Value]:
-    """The block's 32 weights as STEPS <LANES x float>: fma(scale, code, offset) per input."""
+def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+    """The 32 weights of the block at ``block`` (i8*) as STEPS <LANES x float>:
+    fma(scale, code, offset) per input."""
+    scale, offset = _scale_offset(builder, kind, block)
+    codes = builder.gep(block, [ir.Constant(ir.IntType(64), _LAYOUT[kind][1])])
     if _LAYOUT[kind][2]:
         packed = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 16).as_pointer()), align=1)
         lo = builder.and_(packed, ir.Constant(packed.type, [15] * 16))
@@ -151,66 +173,78 @@ def _block_loop(
 
 
 def _make_decode_dot(kind: int, rows: int) -> Any:
-    """Intrinsic (blocks, n0, scale, offset, x, t) -> UniTuple(float32, rows): out[t, n0 + r]."""
-    size, header, _ = _LAYOUT[kind]
+    """Intrinsic (blocks, n0, x, t) -> UniTuple(float32, rows): out[t, n0 + r]."""
+    size = _LAYOUT[kind][0]
 
     @intrinsic  # type: ignore[misc]
-    def decode_dot(
-        typingctx: Any, blocks: Any, n0: Any, scale: Any, offset: Any, x: Any, t: Any
-    ) -> Any:
-        sig = types.UniTuple(types.float32, rows)(blocks, n0, scale, offset, x, t)
+    def decode_dot(typingctx: Any, blocks: Any, n0: Any, x: Any, t: Any) -> Any:
+        sig = types.UniTuple(types.float32, rows)(blocks, n0, x, t)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            b_arr, s_arr, o_arr, x_arr = (
-                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
-            )
-            n_first, t_row = args[1], args[5]
+            b_arr = _Arr(context, builder, sig.args[0], args[0])
+            x_arr = _Arr(context, builder, sig.args[2], args[2])
+            n_first, t_row = args[1], args[3]
             i64 = n_first.type
-            zero = ir.Constant(_VF, [0.0] * LANES)
-            accs = [zero] * rows
+            accs = [ir.Constant(_VF, [0.0] * LANES)] * rows
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                out = []
+                k = builder.mul(b, i64(BLOCK))
                 xs = [
-                    _load_vf(
-                        builder,
-                        x_arr.ptr(
-                            builder, t_row, builder.add(builder.mul(b, i64(BLOCK)), i64(LANES * i))
-                        ),
-                    )
+                    _load_vf(builder, x_arr.ptr(builder, t_row, builder.add(k, i64(LANES * i))))
                     for i in range(STEPS)
                 ]
+                start = builder.mul(b, i64(size))
+                out = []
                 for r in range(rows):
                     n = builder.add(n_first, i64(r))
-                    codes = b_arr.ptr(
-                        builder, n, builder.add(builder.mul(b, i64(size)), i64(header))
-                    )
                     # the next tile's rows: several interleaved rows defeat the stream prefetcher
-                    _prefetch(
-                        builder,
-                        b_arr.ptr(
-                            builder, builder.add(n, i64(2 * rows)), builder.mul(b, i64(size))
-                        ),
-                    )
-                    ws = _decoded_block(
-                        builder,
-                        kind,
-                        codes,
-                        builder.load(s_arr.ptr(builder, n, b)),
-                        builder.load(o_arr.ptr(builder, n, b)),
-                    )
+                    _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
                     acc = accs[r]
-                    for w, xv in zip(ws, xs, strict=True):
+                    for w, xv in zip(
+                        _decoded_block(builder, kind, b_arr.ptr(builder, n, start)), xs, strict=True
+                    ):
                         acc = _fma(builder, w, xv, acc)
                     out.append(acc)
                 return out
 
-            _block_loop(builder, s_arr.shape[1], accs, body)
+            num_blocks = builder.sdiv(b_arr.shape[1], i64(size))
+            _block_loop(builder, num_blocks, accs, body)
             return context.make_tuple(builder, sig.return_type, [_hsum(builder, a) for a in accs])
 
         return sig, codegen
 
     return decode_dot
+
+
+def _make_decode_into(kind: int) -> Any:
+    """Intrinsic (blocks, n, w, r) -> None: w[r] = decoded row n (float32, the same values the
+    dot kernels meet), written LANES at a time."""
+    size = _LAYOUT[kind][0]
+
+    @intrinsic  # type: ignore[misc]
+    def decode_into(typingctx: Any, blocks: Any, n: Any, w: Any, r: Any) -> Any:
+        sig = types.none(blocks, n, w, r)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            b_arr = _Arr(context, builder, sig.args[0], args[0])
+            w_arr = _Arr(context, builder, sig.args[2], args[2])
+            row, w_row = args[1], args[3]
+            i64 = row.type
+
+            def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                block = b_arr.ptr(builder, row, builder.mul(b, i64(size)))
+                for i, vec in enumerate(_decoded_block(builder, kind, block)):
+                    col = builder.add(builder.mul(b, i64(BLOCK)), i64(LANES * i))
+                    dst = builder.bitcast(w_arr.ptr(builder, w_row, col), _VF.as_pointer())
+                    builder.store(vec, dst, align=4)
+                return accs
+
+            _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), [], body)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return decode_into
 
 
 def _make_scratch_dot(rows: int, cols: int) -> Any:
@@ -259,32 +293,41 @@ _scratch_tile, _scratch_col = _make_scratch_dot(TILE_N, TILE_T), _make_scratch_d
 _scratch_one = _make_scratch_dot(1, 1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _decode_dot4(kind, blocks, n, scale, offset, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
-    if kind == 0:
-        return _q4_0_by4(blocks, n, scale, offset, x, t)
-    if kind == 1:
-        return _q4_1_by4(blocks, n, scale, offset, x, t)
-    return _q8_0_by4(blocks, n, scale, offset, x, t)
+_into_q4_0, _into_q4_1, _into_q8_0 = (_make_decode_into(k) for k in (0, 1, 2))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _decode_dot1(kind, blocks, n, scale, offset, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _decode_dot4(kind, blocks, n, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
     if kind == 0:
-        return _q4_0_by1(blocks, n, scale, offset, x, t)[0]
+        return _q4_0_by4(blocks, n, x, t)
     if kind == 1:
-        return _q4_1_by1(blocks, n, scale, offset, x, t)[0]
-    return _q8_0_by1(blocks, n, scale, offset, x, t)[0]
+        return _q4_1_by4(blocks, n, x, t)
+    return _q8_0_by4(blocks, n, x, t)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_dot1(kind, blocks, n, x, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if kind == 0:
+        return _q4_0_by1(blocks, n, x, t)[0]
+    if kind == 1:
+        return _q4_1_by1(blocks, n, x, t)[0]
+    return _q8_0_by1(blocks, n, x, t)[0]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def decode_into(kind, blocks, n, w, r):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """w[r] = decoded row n of ``blocks`` (``kind``: Q4_0 = 0, Q4_1 = 1, Q8_0 = 2)."""
+    if kind == 0:
+        _into_q4_0(blocks, n, w, r)
+    elif kind == 1:
+        _into_q4_1(blocks, n, w, r)
+    else:
+        _into_q8_0(blocks, n, w, r)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def qmatmul_decode(
-    x: np.ndarray,
-    blocks: np.ndarray,
-    kind: int,
-    scale: np.ndarray,
-    offset: np.ndarray,
-    out: np.ndarray,
+    x: np.ndarray, blocks: np.ndarray, kind: int, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] = dot(x[t], decoded row n), decoding in registers; parallel over tasks of
     ROWS_PER_TASK output rows. x: (T, K) float32 C-contiguous; out: (T, N) float32."""
@@ -296,38 +339,13 @@ def qmatmul_decode(
         for t in range(num_rows):
             n = n0
             while n + DECODE_TILE <= n1:
-                r = _decode_dot4(kind, blocks, n, scale, offset, x, t)
+                r = _decode_dot4(kind, blocks, n, x, t)
                 for i in range(DECODE_TILE):
                     out[t, n + i] = r[i]
                 n += DECODE_TILE
             while n < n1:
-                out[t, n] = _decode_dot1(kind, blocks, n, scale, offset, x, t)
+                out[t, n] = _decode_dot1(kind, blocks, n, x, t)
                 n += 1
-
-
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def decode_row(
-    row: np.ndarray, kind: int, scale: np.ndarray, offset: np.ndarray, w: np.ndarray, half: int
-) -> None:  # pragma: no cover - compiled
-    """w[32 b + j] = scale[b] * code_j + offset[b] for one row of blocks (``kind``: Q4_0 = 0,
-    Q4_1 = 1, Q8_0 = 2; ``half`` = 16, passed at run time so that LLVM's loop vectoriser, not a
-    full unroll, handles the inner loops). 4-bit codes: low nibbles are inputs 0..15 of a
-    block, high nibbles 16..31; Q4_0's ``code - 8`` is folded into ``offset``. No sliced views
-    in the loops (each would touch a reference count)."""
-    if kind == 2:
-        codes = row.view(np.int8)
-        for b in range(scale.shape[0]):
-            o, ob, d = b * 34 + 2, b * 32, scale[b]
-            for j in range(2 * half):
-                w[ob + j] = d * np.float32(codes[o + j])
-        return
-    header = 4 if kind == 1 else 2
-    for b in range(scale.shape[0]):
-        o, ob, d, m = b * (header + half) + header, b * 32, scale[b], offset[b]
-        for j in range(half):
-            q = np.int32(row[o + j])
-            w[ob + j] = d * np.float32(q & np.int32(15)) + m
-            w[ob + half + j] = d * np.float32(q >> np.int32(4)) + m
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -361,12 +379,7 @@ def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pr
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def qmatmul_tiled(
-    x: np.ndarray,
-    blocks: np.ndarray,
-    kind: int,
-    scale: np.ndarray,
-    offset: np.ndarray,
-    out: np.ndarray,
+    x: np.ndarray, blocks: np.ndarray, kind: int, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] = dot(x[t], decoded row n), bitwise equal to :func:`qmatmul_decode`: each task
     decodes its ROWS_PER_TASK rows once into a float32 scratch, then meets every activation row,
@@ -379,7 +392,7 @@ def qmatmul_tiled(
         count = min(num_out, n0 + ROWS_PER_TASK) - n0
         w = np.empty((ROWS_PER_TASK, num_in), np.float32)
         for r in range(count):
-            decode_row(blocks[n0 + r], kind, scale[n0 + r], offset[n0 + r], w[r], BLOCK // 2)
+            decode_into(kind, blocks, n0 + r, w, r)
         _apply_rows(w, 0, count, x, out, n0)
 
 
@@ -423,7 +436,7 @@ def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -
 
 
 def _make_int8_dot(kind: int, rows: int) -> Any:
-    """Intrinsic (blocks, n0, scale, offset, xq, xd, xs, t) -> UniTuple(float32, rows):
+    """Intrinsic (blocks, n0, xq, xd, xs, t) -> UniTuple(float32, rows):
     out[t, n0 + r] from int8 activations ``xq`` (T, K), block scales ``xd`` and sums ``xs``
     (T, K / 32). 4-bit kinds only (Q4_0 = 0, Q4_1 = 1)."""
     size, header, _ = _LAYOUT[kind]
@@ -433,20 +446,18 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
         typingctx: Any,
         blocks: Any,
         n0: Any,
-        scale: Any,
-        offset: Any,
         xq: Any,
         xd: Any,
         xs: Any,
         t: Any,
     ) -> Any:
-        sig = types.UniTuple(types.float32, rows)(blocks, n0, scale, offset, xq, xd, xs, t)
+        sig = types.UniTuple(types.float32, rows)(blocks, n0, xq, xd, xs, t)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            b_arr, s_arr, o_arr, q_arr, d_arr, x_arr = (
-                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4, 5, 6)
+            b_arr, q_arr, d_arr, x_arr = (
+                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
             )
-            n_first, t_row = args[1], args[7]
+            n_first, t_row = args[1], args[5]
             i64 = n_first.type
             fma8 = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
@@ -468,7 +479,8 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                 for r in range(rows):
                     n = builder.add(n_first, i64(r))
                     start = builder.mul(b, i64(size))
-                    codes = b_arr.ptr(builder, n, builder.add(start, i64(header)))
+                    block = b_arr.ptr(builder, n, start)
+                    codes = builder.gep(block, [i64(header)])
                     _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
                     packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
                     lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
@@ -476,14 +488,13 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                     codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
                     pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
                     quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
-                    d = builder.load(s_arr.ptr(builder, n, b))
-                    m = builder.load(o_arr.ptr(builder, n, b))
+                    d, m = _scale_offset(builder, kind, block)
                     ddx = _splat8(builder, builder.fmul(d, dx))
                     vec[r] = builder.call(fma8, [ddx, builder.sitofp(quads, _V8F), vec[r]])
                     off[r] = builder.call(fma1, [m, sx, off[r]])
                 return vec + off
 
-            _block_loop(builder, s_arr.shape[1], accs, body)
+            _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
             sums = [builder.fadd(_hsum8(builder, accs[r]), accs[rows + r]) for r in range(rows)]
             return context.make_tuple(builder, sig.return_type, sums)
 
@@ -547,8 +558,6 @@ def qmatmul_int8(
     xs: np.ndarray,
     blocks: np.ndarray,
     kind: int,
-    scale: np.ndarray,
-    offset: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] from int8 activations (:func:`quantize_activations`) and Q4_0 / Q4_1 rows,
@@ -561,15 +570,15 @@ def qmatmul_int8(
             n = n0
             while n + DECODE_TILE <= n1:
                 if kind == 0:
-                    r = _i8_q4_0_by4(blocks, n, scale, offset, xq, xd, xs, t)
+                    r = _i8_q4_0_by4(blocks, n, xq, xd, xs, t)
                 else:
-                    r = _i8_q4_1_by4(blocks, n, scale, offset, xq, xd, xs, t)
+                    r = _i8_q4_1_by4(blocks, n, xq, xd, xs, t)
                 for i in range(DECODE_TILE):
                     out[t, n + i] = r[i]
                 n += DECODE_TILE
             while n < n1:
                 if kind == 0:
-                    out[t, n] = _i8_q4_0_by1(blocks, n, scale, offset, xq, xd, xs, t)[0]
+                    out[t, n] = _i8_q4_0_by1(blocks, n, xq, xd, xs, t)[0]
                 else:
-                    out[t, n] = _i8_q4_1_by1(blocks, n, scale, offset, xq, xd, xs, t)[0]
+                    out[t, n] = _i8_q4_1_by1(blocks, n, xq, xd, xs, t)[0]
                 n += 1

@@ -26,7 +26,7 @@ import numpy as np
 
 from pagedattn.model.block_dot import (
     LANES,
-    decode_row,
+    decode_into,
     host_has_avx2,
     matmul_float,
     qmatmul_decode,
@@ -53,19 +53,39 @@ class BlockQuantized:
         blocks: (out_features, in_features // 32 * BLOCK_BYTES[type_name]) uint8 rows exactly as
             in the file (a read-only view of the memory-mapped GGUF where rows keep their order).
         type_name: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
-        scale: (out_features, in_features // 32) float32, each block's float16 scale, exactly.
-        offset: (out_features, in_features // 32) float32: Q4_1's float16 minimum, Q4_0's
-            ``-8 * scale`` (its codes are stored + 8), zeros for Q8_0.
+
+    The kernels read each block's float16 scale (and Q4_1's minimum) from these bytes: nothing
+    else is held per matrix (:attr:`scale` and :attr:`offset` are computed when asked).
     """
 
     blocks: np.ndarray
     type_name: str
-    scale: np.ndarray
-    offset: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (int(self.blocks.shape[0]), int(self.scale.shape[1]) * BLOCK)
+        return (
+            int(self.blocks.shape[0]),
+            int(self.blocks.shape[1]) // BLOCK_BYTES[self.type_name] * BLOCK,
+        )
+
+    @property
+    def scale(self) -> np.ndarray:
+        """(out_features, in_features // 32) float32: each block's float16 scale, exactly."""
+        return self._half_field(0)
+
+    @property
+    def offset(self) -> np.ndarray:
+        """(out_features, in_features // 32) float32: Q4_1's float16 minimum, Q4_0's
+        ``-8 * scale`` (its codes are stored + 8), zeros for Q8_0."""
+        if self.type_name == "Q4_1":
+            return self._half_field(2)
+        if self.type_name == "Q4_0":
+            return np.float32(-8.0) * self.scale  # exact: a float16 times 8
+        return np.zeros_like(self.scale)
+
+    def _half_field(self, at: int) -> np.ndarray:
+        per_block = self.blocks.reshape(self.blocks.shape[0], -1, BLOCK_BYTES[self.type_name])
+        return per_block[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
     @property
     def kind(self) -> int:
@@ -78,18 +98,11 @@ class BlockQuantized:
     def take_rows(self, rows: np.ndarray) -> BlockQuantized:
         """The matrix with its output rows reordered (e.g. to undo llama.cpp's q/k permutation);
         copies the selected rows' blocks."""
-        return BlockQuantized(
-            np.ascontiguousarray(self.blocks[rows]),
-            self.type_name,
-            np.ascontiguousarray(self.scale[rows]),
-            np.ascontiguousarray(self.offset[rows]),
-        )
+        return BlockQuantized(np.ascontiguousarray(self.blocks[rows]), self.type_name)
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
-    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`, without copying the codes.
-
-    Only the per-block float16 scales (and Q4_1 minima) are read, into float32 (exact).
+    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`, without copying or reading them.
 
     Args:
         raw: uint8 tensor data, (out_features, bytes_per_row) or flat (e.g. the reader's memmap).
@@ -108,15 +121,7 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // BLOCK * size)
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
-    per_block = blocks.reshape(n, k // BLOCK, size)
-    scale = per_block[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
-    if type_name == "Q4_1":
-        offset = per_block[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    elif type_name == "Q4_0":
-        offset = np.float32(-8.0) * scale  # exact: a float16 times 8
-    else:
-        offset = np.zeros_like(scale)
-    return BlockQuantized(blocks, type_name, scale, offset)
+    return BlockQuantized(blocks, type_name)
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -144,19 +149,12 @@ def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pr
                     out[t, n] = _dot(wn, x[t])
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _dequantize_kernel(
-    blocks: np.ndarray,
-    kind: int,
-    scale: np.ndarray,
-    offset: np.ndarray,
-    rows: np.ndarray,
-    out: np.ndarray,
-    half: int,
+    blocks: np.ndarray, kind: int, rows: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     for i in numba.prange(rows.shape[0]):
-        n = rows[i]
-        decode_row(blocks[n], kind, scale[n], offset[n], out[i], half)
+        decode_into(kind, blocks, rows[i], out, i)
 
 
 def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
@@ -178,7 +176,7 @@ def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
             f"rows: expected indices in [0, {w.shape[0]}), got {idx.min()}..{idx.max()}"
         )
     out = np.empty((idx.size, w.shape[1]), np.float32)
-    _dequantize_kernel(w.blocks, w.kind, w.scale, w.offset, idx, out, BLOCK // 2)
+    _dequantize_kernel(w.blocks, w.kind, idx, out)
     return out
 
 
@@ -244,10 +242,10 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         view = out[:, col : col + n] if len(parts) > 1 else out
         if isinstance(w, BlockQuantized):
             if int8 is not None and w.type_name in ("Q4_0", "Q4_1"):
-                qmatmul_int8(*int8, w.blocks, w.kind, w.scale, w.offset, view)
+                qmatmul_int8(*int8, w.blocks, w.kind, view)
             else:
                 kernel = qmatmul_decode if x.shape[0] <= DECODE_MAX_ROWS else qmatmul_tiled
-                kernel(x, w.blocks, w.kind, w.scale, w.offset, view)
+                kernel(x, w.blocks, w.kind, view)
         else:
             if w.dtype != np.float32 or w.ndim != 2:
                 raise ValueError(f"weights: expected float32 (out, in), got {w.dtype} {w.shape}")
