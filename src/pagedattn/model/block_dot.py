@@ -249,7 +249,7 @@ def _make_decode_into(kind: int) -> Any:
 
 def _make_scratch_dot(rows: int, cols: int) -> Any:
     """Intrinsic (w, r0, x, t0) -> UniTuple(float32, rows * cols): dot(w[r0 + r], x[t0 + c]) at
-    index ``r * cols + c``, for float32 ``w`` decoded by :func:`decode_rows`."""
+    index ``r * cols + c``, for float32 ``w`` (a scratch filled by :func:`decode_into`)."""
 
     @intrinsic  # type: ignore[misc]
     def scratch_dot(typingctx: Any, w: Any, r0: Any, x: Any, t0: Any) -> Any:
