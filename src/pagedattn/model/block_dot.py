@@ -63,15 +63,17 @@ def _mask(indices: range | list[int]) -> ir.Constant:
     return ir.Constant(ir.VectorType(_I32, len(indices)), list(indices))
 
 
-def _splat(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+def _splat(builder: ir.IRBuilder, value: ir.Value, lanes: int = LANES) -> ir.Value:
+    """<lanes x float> of the float32 ``value``."""
     one = builder.insert_element(ir.Constant(ir.VectorType(_F32, 1), ir.Undefined), value, _I32(0))
-    return builder.shuffle_vector(one, one, _mask([0] * LANES))
+    return builder.shuffle_vector(one, one, _mask([0] * lanes))
 
 
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    """a * b + c, rounded once (``llvm.fma.v8f32``)."""
-    fnty = ir.FunctionType(_VF, [_VF, _VF, _VF])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{LANES}f32")
+    """a * b + c, rounded once (``llvm.fma``), on float32 scalars or vectors."""
+    ty = a.type
+    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
     return builder.call(fn, [a, b, c])
 
 
@@ -84,9 +86,9 @@ def _prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
 
 
 def _hsum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """The lanes summed by halving: lane i += lane i + width/2 until one is left (plain,
-    ordered fadds)."""
-    width = LANES
+    """The lanes of float vector ``v`` summed by halving: lane i += lane i + width/2 until one
+    is left (plain, ordered fadds)."""
+    width = v.type.count
     while width > 1:
         width //= 2
         v = builder.fadd(
@@ -459,12 +461,6 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
             )
             n_first, t_row = args[1], args[5]
             i64 = n_first.type
-            fma8 = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
-            )
-            fma1 = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32"
-            )
             ones = ir.Constant(_V16I16, [1] * 16)
             accs = [ir.Constant(_V8F, [0.0] * 8)] * rows + [_F32(0.0)] * rows
 
@@ -489,35 +485,18 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                     pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
                     quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
                     d, m = _scale_offset(builder, kind, block)
-                    ddx = _splat8(builder, builder.fmul(d, dx))
-                    vec[r] = builder.call(fma8, [ddx, builder.sitofp(quads, _V8F), vec[r]])
-                    off[r] = builder.call(fma1, [m, sx, off[r]])
+                    ddx = _splat(builder, builder.fmul(d, dx), 8)
+                    vec[r] = _fma(builder, ddx, builder.sitofp(quads, _V8F), vec[r])
+                    off[r] = _fma(builder, m, sx, off[r])
                 return vec + off
 
             _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-            sums = [builder.fadd(_hsum8(builder, accs[r]), accs[rows + r]) for r in range(rows)]
+            sums = [builder.fadd(_hsum(builder, accs[r]), accs[rows + r]) for r in range(rows)]
             return context.make_tuple(builder, sig.return_type, sums)
 
         return sig, codegen
 
     return int8_dot
-
-
-def _splat8(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    one = builder.insert_element(ir.Constant(ir.VectorType(_F32, 1), ir.Undefined), value, _I32(0))
-    return builder.shuffle_vector(one, one, _mask([0] * 8))
-
-
-def _hsum8(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """Eight lanes summed by halving, as :func:`_hsum`."""
-    width = 8
-    while width > 1:
-        width //= 2
-        v = builder.fadd(
-            builder.shuffle_vector(v, v, _mask(range(width))),
-            builder.shuffle_vector(v, v, _mask(range(width, 2 * width))),
-        )
-    return builder.extract_element(v, _I32(0))
 
 
 _i8_q4_0_by4, _i8_q4_0_by1 = _make_int8_dot(0, DECODE_TILE), _make_int8_dot(0, 1)
