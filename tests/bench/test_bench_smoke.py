@@ -4,6 +4,7 @@ prints, every figure is positive, the counts add up. (Not timed: no speed is ass
 from __future__ import annotations
 
 import json
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,10 @@ def test_bench_generate_prints_table_and_positive_figures(
 
 
 def test_resident_mib_counts_only_the_touched_pages() -> None:
-    pool = np.zeros(64 << 18, np.float32)  # 64 MiB, mapped but never touched
+    # A fresh anonymous mapping: np.zeros may reuse a freed heap chunk and zero it by hand
+    # (glibc calloc), which touches every page, depending on what ran before in the process.
+    region = mmap.mmap(-1, 64 << 20)  # 64 MiB, mapped but never touched
+    pool = np.frombuffer(region, np.float32)
     untouched = resident_mib(pool)
     assert untouched is not None and untouched < 4  # at most a huge page or two
     pool[: 16 << 18] = 1.0  # touch 16 MiB
