@@ -116,8 +116,12 @@ def test_real_model_two_turns_reuse_the_conversation() -> None:
 
 
 CHILD = """
-import sys, time
+import signal, sys, time
 from pagedattn.model.llama import LlamaModel
+
+# Ctrl-C as in a terminal: a job started in the background (as CI may run the suite) inherits an
+# ignored SIGINT, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 real_forward = LlamaModel.forward
 state = {"slow": True}
@@ -129,8 +133,8 @@ def forward(self, batch, kv):
         state["slow"] = False
         sys.stderr.write("FORWARD-STARTED\\n")
         sys.stderr.flush()
-        # short sleeps, as a real forward runs bytecode between its kernels: a SIGINT that the
-        # kernel delivers to a worker thread (Numba's) is seen by the main thread at the next one
+        # short sleeps, as a real forward runs bytecode between its kernels: a SIGINT that lands
+        # on a worker thread (Numba's) is seen by the main thread at the next one
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.05)
