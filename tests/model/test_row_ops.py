@@ -1,0 +1,58 @@
+"""RMSNorm and SwiGLU rows against float64 formulas, and bitwise the same for a row alone (the
+serial decode path) or inside a batch (the parallel path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedattn.model.row_ops import SERIAL_MAX_ROWS, rms_norm, silu_mul
+
+
+def _rows(seed: int, rows: int, width: int, scale: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, width)) * scale).astype(np.float32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 9), st.integers(1, 700))
+def test_rms_norm_matches_float64_and_is_row_invariant(seed: int, rows: int, hidden: int) -> None:
+    x = _rows(seed, rows, hidden, 3.0)
+    weight = _rows(seed + 1, 1, hidden, 1.0)[0]
+    out = rms_norm(x, weight, 1e-5)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-5) * weight
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    for t in range(rows):  # alone: the serial path when rows > SERIAL_MAX_ROWS above
+        assert np.array_equal(rms_norm(x[t : t + 1], weight, 1e-5)[0], out[t])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 9), st.integers(1, 600))
+def test_silu_mul_matches_float64_and_is_row_invariant(seed: int, rows: int, inter: int) -> None:
+    gate_up = _rows(seed, rows, 2 * inter, 6.0)  # gates well past the clamp at |g / 2| = 7.9
+    out = silu_mul(gate_up)
+    g, u = gate_up[:, :inter].astype(np.float64), gate_up[:, inter:].astype(np.float64)
+    ref = g / (1.0 + np.exp(-g)) * u
+    # float32 rounding of g * sigmoid(g) * u, plus the tanh approximation's few ulp
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6 * np.abs(u).max())
+    for t in range(rows):
+        assert np.array_equal(silu_mul(gate_up[t : t + 1])[0], out[t])
+    assert rows <= SERIAL_MAX_ROWS or not np.shares_memory(out, gate_up)
+
+
+def test_silu_saturates_without_overflow() -> None:
+    g = np.array([[-200.0, -30.0, 0.0, 30.0, 200.0, 1.0, 1.0, 1.0, 1.0, 1.0]], np.float32)
+    out = silu_mul(g)[0]
+    assert np.all(np.isfinite(out))
+    assert out[2] == 0.0 and out[3] == 30.0 and out[4] == 200.0
+    assert -1e-6 < out[0] <= 0.0 and -1e-6 < out[1] <= 0.0
+
+
+def test_wrong_shapes_name_the_expected_shape() -> None:
+    with pytest.raises(ValueError, match=r"expected \(num_tokens, 4\)"):
+        rms_norm(np.zeros((2, 3), np.float32), np.ones(4, np.float32), 1e-5)
+    with pytest.raises(ValueError, match="2 \\* intermediate"):
+        silu_mul(np.zeros((2, 3), np.float32))
