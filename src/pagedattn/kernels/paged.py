@@ -29,6 +29,7 @@ from pagedattn.kernels.paged_checks import (
     int_array,
     plan_slots,
 )
+from pagedattn.kernels.write_kv_numba import scatter_kv
 
 F32Array = npt.NDArray[np.float32]
 PREFILL_BLOCK_ROWS = 32  # query rows sharing each page tile (x group = vector lanes)
@@ -90,8 +91,7 @@ def write_kv(
     check_array("k", k, expected, "(num_tokens, num_kv_heads, head_dim)")
     check_array("v", v, expected, "(num_tokens, num_kv_heads, head_dim)")
     plan = plan_slots(slot_mapping, num_tokens, (num_pages, num_kv_heads, page_size, head_dim))
-    k_cache[plan.pages, :, plan.offsets, :] = k[plan.keep]
-    v_cache[plan.pages, :, plan.offsets, :] = v[plan.keep]
+    scatter_kv(plan.keep, plan.pages, plan.offsets, k, v, k_cache, v_cache)
 
 
 def _common(

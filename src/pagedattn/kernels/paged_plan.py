@@ -30,6 +30,7 @@ from pagedattn.kernels.paged_checks import (
     int_array,
     plan_slots,
 )
+from pagedattn.kernels.write_kv_numba import scatter_kv
 
 F32Array = npt.NDArray[np.float32]
 
@@ -68,8 +69,7 @@ def write_kv_planned(
     shape = (plan.keep.shape[0], plan.cache_shape[1], plan.cache_shape[3])
     _check_rows("k", k, shape, "(num_tokens, num_kv_heads, head_dim)")
     _check_rows("v", v, shape, "(num_tokens, num_kv_heads, head_dim)")
-    k_cache[plan.pages, :, plan.offsets, :] = k[plan.keep]
-    v_cache[plan.pages, :, plan.offsets, :] = v[plan.keep]
+    scatter_kv(plan.keep, plan.pages, plan.offsets, k, v, k_cache, v_cache)
 
 
 @dataclass(frozen=True)
