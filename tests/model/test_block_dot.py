@@ -65,3 +65,28 @@ def test_float_rows_of_any_width_are_batch_invariant() -> None:
     )
     for t in range(5):
         np.testing.assert_array_equal(qmatmul(x[t : t + 1], w)[0], got[t])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 2),  # a decode step: the parts share one launch
+    outs=st.lists(st.integers(1, 40), min_size=2, max_size=3),
+    blocks=st.integers(1, 4),
+    qtypes=st.lists(st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0]), min_size=3, max_size=3),
+    activations=st.sampled_from(["float32", "int8"]),
+    seed=st.integers(0, 2**16),
+)
+def test_parts_in_one_launch_equal_each_part_alone(
+    rows: int, outs: list[int], blocks: int, qtypes: list[Q], activations: str, seed: int
+) -> None:
+    """q|k|v and gate|up in one launch: each column block is bitwise what that part gives alone
+    (mixed kinds included; with int8, Q8_0 parts stay exact), and the float32 path matches
+    gguf's dequantized weights in float64."""
+    parts = [_case(q, n, blocks, rows, seed + i)[0] for i, (q, n) in enumerate(zip(qtypes, outs))]
+    x = _case(Q.Q8_0, 1, blocks, rows, seed)[1]
+    got = qmatmul(x, *parts, activations=activations)
+    alone = [qmatmul(x, p, activations=activations) for p in parts]
+    np.testing.assert_array_equal(got, np.concatenate(alone, axis=1))
+    if activations == "float32":
+        dense = np.concatenate([p.dequantize() for p in parts]).astype(np.float64)
+        np.testing.assert_allclose(got, x.astype(np.float64) @ dense.T, rtol=1e-4, atol=1e-4)

@@ -143,22 +143,45 @@ def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
     return builder.shuffle_vector(v, v, _mask(range(i * LANES, (i + 1) * LANES)))
 
 
+def _splat_half(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
+    """<LANES x float> of the float16 at byte ``offset`` of ``block``, exactly widened
+    (splatted as float16, then converted: a broadcast and one vcvtph2ps)."""
+    ptr = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
+    value = builder.load(builder.bitcast(ptr, _HALF.as_pointer()), align=1)
+    one = builder.insert_element(ir.Constant(ir.VectorType(_HALF, 1), ir.Undefined), value, _I32(0))
+    return builder.fpext(builder.shuffle_vector(one, one, _mask([0] * LANES)), _VF)
+
+
 def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
     """The 32 weights of the block at ``block`` (i8*) as STEPS <LANES x float>:
-    fma(scale, code, offset) per input."""
-    scale, offset = _scale_offset(builder, kind, block)
+    fma(scale, code, offset) per input (the values of :func:`_scale_offset`, as vectors)."""
+    d = _splat_half(builder, block, 0)
+    if kind == 1:
+        m = _splat_half(builder, block, 2)
+    elif kind == 0:
+        m = builder.fmul(d, _splat(builder, _F32(-8.0)))  # exact: a float16 times 8
+    else:
+        m = ir.Constant(_VF, [0.0] * LANES)
     codes = builder.gep(block, [ir.Constant(ir.IntType(64), _LAYOUT[kind][1])])
     if _LAYOUT[kind][2]:
-        packed = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 16).as_pointer()), align=1)
-        lo = builder.and_(packed, ir.Constant(packed.type, [15] * 16))
-        hi = builder.lshr(packed, ir.Constant(packed.type, [4] * 16))
-        codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))  # low nibbles first
-        floats = [builder.uitofp(_part(builder, codes32, i), _VF) for i in range(STEPS)]
+        # bytes j and 8 + j hold inputs j, 8 + j (low nibbles) and 16 + j, 24 + j (high): widen
+        # each 8-byte half to int32 lanes (vpmovzxbd from memory), then mask and shift there
+        i32x8 = ir.VectorType(_I32, 8)
+        halves = []
+        for half in range(2):
+            ptr = builder.gep(codes, [ir.Constant(ir.IntType(64), 8 * half)])
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(_I8, 8).as_pointer()), align=1)
+            halves.append(builder.zext(raw, i32x8))
+        low = [builder.and_(h, ir.Constant(i32x8, [15] * 8)) for h in halves]
+        high = [builder.lshr(h, ir.Constant(i32x8, [4] * 8)) for h in halves]
+        steps = [builder.shuffle_vector(a, b, _mask(range(LANES))) for a, b in (low, high)]
     else:
         raw = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 32).as_pointer()), align=1)
-        floats = [builder.sitofp(_part(builder, raw, i), _VF) for i in range(STEPS)]
-    d, m = _splat(builder, scale), _splat(builder, offset)
-    return [_fma(builder, d, f, m) for f in floats]
+        steps = [
+            builder.sext(_part(builder, raw, i), ir.VectorType(_I32, LANES)) for i in range(STEPS)
+        ]
+    # codes are at most 255 in magnitude: the signed conversion is exact (AVX2 has no unsigned)
+    return [_fma(builder, d, builder.sitofp(c, _VF), m) for c in steps]
 
 
 def _block_loop(
@@ -327,27 +350,61 @@ def decode_into(kind, blocks, n, w, r):  # type: ignore[no-untyped-def]  # pragm
         _into_q8_0(blocks, n, w, r)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_task(x, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, col + n] = dot(x[t], decoded row n) for the ROWS_PER_TASK rows of ``task``."""
+    n0 = task * ROWS_PER_TASK
+    n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
+    for t in range(x.shape[0]):
+        n = n0
+        while n + DECODE_TILE <= n1:
+            r = _decode_dot4(kind, blocks, n, x, t)
+            for i in range(DECODE_TILE):
+                out[t, col + n + i] = r[i]
+            n += DECODE_TILE
+        while n < n1:
+            out[t, col + n] = _decode_dot1(kind, blocks, n, x, t)
+            n += 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _num_tasks(rows):  # type: ignore[no-untyped-def]  # pragma: no cover
+    return (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def qmatmul_decode(
     x: np.ndarray, blocks: np.ndarray, kind: int, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] = dot(x[t], decoded row n), decoding in registers; parallel over tasks of
     ROWS_PER_TASK output rows. x: (T, K) float32 C-contiguous; out: (T, N) float32."""
-    num_rows = x.shape[0]
-    num_out = blocks.shape[0]
-    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        n0 = task * ROWS_PER_TASK
-        n1 = min(num_out, n0 + ROWS_PER_TASK)
-        for t in range(num_rows):
-            n = n0
-            while n + DECODE_TILE <= n1:
-                r = _decode_dot4(kind, blocks, n, x, t)
-                for i in range(DECODE_TILE):
-                    out[t, n + i] = r[i]
-                n += DECODE_TILE
-            while n < n1:
-                out[t, n] = _decode_dot1(kind, blocks, n, x, t)
-                n += 1
+    for task in numba.prange(_num_tasks(blocks.shape[0])):
+        _decode_task(x, blocks, kind, task, out, 0)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_decode_parts(
+    x: np.ndarray,
+    b0: np.ndarray,
+    b1: np.ndarray,
+    b2: np.ndarray,
+    kinds: tuple[int, int, int],
+    num_parts: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """:func:`qmatmul_decode` of two or three matrices (q, k, v; gate, up) in one parallel
+    launch: ``out[:, :N0]`` from ``b0``, then ``b1``'s columns, then ``b2``'s (``num_parts`` = 2
+    ignores ``b2``). Each output is computed exactly as by :func:`qmatmul_decode`."""
+    t0 = _num_tasks(b0.shape[0])
+    t1 = _num_tasks(b1.shape[0])
+    t2 = _num_tasks(b2.shape[0]) if num_parts > 2 else 0
+    for task in numba.prange(t0 + t1 + t2):
+        if task < t0:
+            _decode_task(x, b0, kinds[0], task, out, 0)
+        elif task < t0 + t1:
+            _decode_task(x, b1, kinds[1], task - t0, out, b0.shape[0])
+        else:
+            _decode_task(x, b2, kinds[2], task - t0 - t1, out, b0.shape[0] + b1.shape[0])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -530,6 +587,29 @@ def quantize_activations(
             xs[t, b] = d * np.float32(total)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``."""
+    n0 = task * ROWS_PER_TASK
+    n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
+    for t in range(xq.shape[0]):
+        n = n0
+        while n + DECODE_TILE <= n1:
+            if kind == 0:
+                r = _i8_q4_0_by4(blocks, n, xq, xd, xs, t)
+            else:
+                r = _i8_q4_1_by4(blocks, n, xq, xd, xs, t)
+            for i in range(DECODE_TILE):
+                out[t, col + n + i] = r[i]
+            n += DECODE_TILE
+        while n < n1:
+            if kind == 0:
+                out[t, col + n] = _i8_q4_0_by1(blocks, n, xq, xd, xs, t)[0]
+            else:
+                out[t, col + n] = _i8_q4_1_by1(blocks, n, xq, xd, xs, t)[0]
+            n += 1
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def qmatmul_int8(
     xq: np.ndarray,
@@ -541,23 +621,31 @@ def qmatmul_int8(
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] from int8 activations (:func:`quantize_activations`) and Q4_0 / Q4_1 rows,
     DECODE_TILE rows side by side; parallel over tasks of ROWS_PER_TASK output rows."""
-    num_out = blocks.shape[0]
-    for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        n0 = task * ROWS_PER_TASK
-        n1 = min(num_out, n0 + ROWS_PER_TASK)
-        for t in range(xq.shape[0]):
-            n = n0
-            while n + DECODE_TILE <= n1:
-                if kind == 0:
-                    r = _i8_q4_0_by4(blocks, n, xq, xd, xs, t)
-                else:
-                    r = _i8_q4_1_by4(blocks, n, xq, xd, xs, t)
-                for i in range(DECODE_TILE):
-                    out[t, n + i] = r[i]
-                n += DECODE_TILE
-            while n < n1:
-                if kind == 0:
-                    out[t, n] = _i8_q4_0_by1(blocks, n, xq, xd, xs, t)[0]
-                else:
-                    out[t, n] = _i8_q4_1_by1(blocks, n, xq, xd, xs, t)[0]
-                n += 1
+    for task in numba.prange(_num_tasks(blocks.shape[0])):
+        _int8_task(xq, xd, xs, blocks, kind, task, out, 0)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_int8_parts(
+    xq: np.ndarray,
+    xd: np.ndarray,
+    xs: np.ndarray,
+    b0: np.ndarray,
+    b1: np.ndarray,
+    b2: np.ndarray,
+    kinds: tuple[int, int, int],
+    num_parts: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """:func:`qmatmul_int8` of two or three Q4_0 / Q4_1 matrices in one parallel launch, their
+    columns side by side in ``out`` (as :func:`qmatmul_decode_parts`)."""
+    t0 = _num_tasks(b0.shape[0])
+    t1 = _num_tasks(b1.shape[0])
+    t2 = _num_tasks(b2.shape[0]) if num_parts > 2 else 0
+    for task in numba.prange(t0 + t1 + t2):
+        if task < t0:
+            _int8_task(xq, xd, xs, b0, kinds[0], task, out, 0)
+        elif task < t0 + t1:
+            _int8_task(xq, xd, xs, b1, kinds[1], task - t0, out, b0.shape[0])
+        else:
+            _int8_task(xq, xd, xs, b2, kinds[2], task - t0 - t1, out, b0.shape[0] + b1.shape[0])

@@ -30,7 +30,9 @@ from pagedattn.model.block_dot import (
     host_has_avx2,
     matmul_float,
     qmatmul_decode,
+    qmatmul_decode_parts,
     qmatmul_int8,
+    qmatmul_int8_parts,
     qmatmul_tiled,
     quantize_activations,
 )
@@ -233,12 +235,15 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             xs = np.empty_like(xd)
             quantize_activations(x, xq, xd, xs)
             int8 = (xq, xd, xs)
+    for w in parts:
+        if w.shape[1] != k:
+            raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
     out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
+    if x.shape[0] <= DECODE_MAX_ROWS and _one_launch(out, x, parts, int8):
+        return out
     col = 0
     for w in parts:
         n = w.shape[0]
-        if w.shape[1] != k:
-            raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
         view = out[:, col : col + n] if len(parts) > 1 else out
         if isinstance(w, BlockQuantized):
             if int8 is not None and w.type_name in ("Q4_0", "Q4_1"):
@@ -253,3 +258,30 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             float_kernel(x, np.ascontiguousarray(w), view)
         col += n
     return out
+
+
+def _one_launch(
+    out: np.ndarray,
+    x: np.ndarray,
+    parts: tuple[Matrix, ...],
+    int8: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> bool:
+    """Fill ``out`` from 2 or 3 block-quantized parts in one parallel launch (a decode step's
+    q|k|v and gate|up: one thread-pool wake-up instead of three); False where that does not
+    apply. Every output is computed by the same code as the per-part kernels."""
+    if not 2 <= len(parts) <= 3 or not all(isinstance(w, BlockQuantized) for w in parts):
+        return False
+    blocks = [w.blocks for w in parts if isinstance(w, BlockQuantized)]
+    kinds = [w.kind for w in parts if isinstance(w, BlockQuantized)]
+    if int8 is not None and any(kind not in (_KIND["Q4_0"], _KIND["Q4_1"]) for kind in kinds):
+        return False  # Q8_0 parts stay exact: the per-part loop mixes the two kernels
+    num_parts = len(blocks)
+    blocks.append(blocks[-1])  # an unused third part (ignored when num_parts == 2)
+    kinds.append(kinds[-1])
+    b0, b1, b2 = blocks[:3]
+    kind3 = (kinds[0], kinds[1], kinds[2])
+    if int8 is None:
+        qmatmul_decode_parts(x, b0, b1, b2, kind3, num_parts, out)
+    else:
+        qmatmul_int8_parts(*int8, b0, b1, b2, kind3, num_parts, out)
+    return True
