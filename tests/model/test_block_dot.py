@@ -82,7 +82,10 @@ def test_parts_in_one_launch_equal_each_part_alone(
     """q|k|v and gate|up in one launch: each column block is bitwise what that part gives alone
     (mixed kinds included; with int8, Q8_0 parts stay exact), and the float32 path matches
     gguf's dequantized weights in float64."""
-    parts = [_case(q, n, blocks, rows, seed + i)[0] for i, (q, n) in enumerate(zip(qtypes, outs))]
+    parts = [
+        _case(q, n, blocks, rows, seed + i)[0]
+        for i, (q, n) in enumerate(zip(qtypes, outs, strict=False))
+    ]
     x = _case(Q.Q8_0, 1, blocks, rows, seed)[1]
     got = qmatmul(x, *parts, activations=activations)
     alone = [qmatmul(x, p, activations=activations) for p in parts]
