@@ -55,7 +55,8 @@ def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDA
     keys = np.asarray(context_lens, dtype=np.int64)
     if sliding_window is not None:
         keys = np.minimum(keys, sliding_window)
-    return np.clip(keys // SPLIT_MIN_KEYS, 1, MAX_SPLITS).astype(np.int32)
+    # np.minimum / np.maximum: the same values as np.clip at a fraction of its call overhead
+    return np.minimum(np.maximum(keys // SPLIT_MIN_KEYS, 1), MAX_SPLITS).astype(np.int32)
 
 
 def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:

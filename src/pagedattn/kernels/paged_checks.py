@@ -35,6 +35,9 @@ def check_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> Non
         raise ValueError(f"{name}: expected {names} = {_shape_str(expected)}, got {a.shape}")
 
 
+_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+
+
 def int_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> npt.NDArray[np.int32]:
     """Validate an integer array of shape ``expected`` (-1 = any) and return it as C int32."""
     if not isinstance(a, np.ndarray) or not np.issubdtype(a.dtype, np.integer):
@@ -44,7 +47,7 @@ def int_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> npt.N
         e >= 0 and e != s for e, s in zip(expected, a.shape, strict=False)
     ):
         raise ValueError(f"{name}: expected {names} = {_shape_str(expected)}, got {a.shape}")
-    if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
+    if a.dtype != np.int32 and a.size and (a.max() > _INT32_MAX or a.min() < _INT32_MIN):
         raise ValueError(f"{name}: expected values that fit int32, got {a.min()}..{a.max()}")
     return np.ascontiguousarray(a, dtype=np.int32)
 
