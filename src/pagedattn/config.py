@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from pagedattn.backends import validate_backend
 
+# How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
+# int8 (opt-in, not exact) quantizes them per 32-input block as llama.cpp does.
+ACTIVATIONS = ("float32", "int8")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -257,9 +261,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         validate_backend(self.backend, self.device)
-        if self.activations not in ("float32", "int8"):
+        if self.activations not in ACTIVATIONS:
             raise ValueError(
-                f"EngineConfig.activations: expected 'float32' or 'int8', got {self.activations!r}"
+                f"EngineConfig.activations: expected one of {ACTIVATIONS}, got {self.activations!r}"
             )
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"EngineConfig.cache: expected a CacheConfig, got {self.cache!r}")

@@ -22,6 +22,7 @@ carry over between machines:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -86,6 +87,7 @@ def copy_bandwidth_gbps(num_bytes: int, repeats: int) -> float:
     return 2 * src.nbytes / (ms * 1e6)
 
 
+@functools.cache
 def _read_kernel() -> Any:
     import numba
 

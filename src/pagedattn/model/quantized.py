@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from pagedattn.config import ACTIVATIONS
 from pagedattn.model.block_dot import (
     LANES,
     decode_into,
@@ -183,9 +184,6 @@ def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
 
 
 Matrix = BlockQuantized | np.ndarray  # (out_features, in_features): blocks, or float32
-
-
-ACTIVATIONS = ("float32", "int8")  # how qmatmul meets 4-bit blocks (int8: opt-in, not exact)
 
 
 def check_activations(activations: str) -> None:
