@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedattn.model.row_ops import SERIAL_MAX_ROWS, rms_norm, silu_mul
+from pagedattn.model.row_ops import rms_norm, silu_mul
 
 
 def _rows(seed: int, rows: int, width: int, scale: float) -> np.ndarray:
@@ -40,7 +40,6 @@ def test_silu_mul_matches_float64_and_is_row_invariant(seed: int, rows: int, int
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6 * np.abs(u).max())
     for t in range(rows):
         assert np.array_equal(silu_mul(gate_up[t : t + 1])[0], out[t])
-    assert rows <= SERIAL_MAX_ROWS or not np.shares_memory(out, gate_up)
 
 
 def test_silu_saturates_without_overflow() -> None:

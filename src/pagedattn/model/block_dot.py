@@ -14,7 +14,7 @@ The operations are LLVM vector IR emitted through Numba intrinsics (``<16 x floa
 (two ymm halves with AVX2 + FMA, one zmm with AVX-512) but never the rounding. Two kernels share
 that definition:
 
-* :func:`qmatmul_decode` decodes each block in registers, four output rows side by side, and
+* :func:`qmatmul_blocks` decodes each block in registers, four output rows side by side, and
   meets each activation row (decode steps, where every weight is used once); it prefetches the
   rows two tiles ahead, since interleaved rows defeat the hardware stream prefetcher;
 * :func:`qmatmul_tiled` decodes a task's rows once into a float32 scratch that every activation
@@ -372,41 +372,6 @@ def _num_tasks(rows):  # type: ignore[no-untyped-def]  # pragma: no cover
     return (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def qmatmul_decode(
-    x: np.ndarray, blocks: np.ndarray, kind: int, out: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """out[t, n] = dot(x[t], decoded row n), decoding in registers; parallel over tasks of
-    ROWS_PER_TASK output rows. x: (T, K) float32 C-contiguous; out: (T, N) float32."""
-    for task in numba.prange(_num_tasks(blocks.shape[0])):
-        _decode_task(x, blocks, kind, task, out, 0)
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def qmatmul_decode_parts(
-    x: np.ndarray,
-    b0: np.ndarray,
-    b1: np.ndarray,
-    b2: np.ndarray,
-    kinds: tuple[int, int, int],
-    num_parts: int,
-    out: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """:func:`qmatmul_decode` of two or three matrices (q, k, v; gate, up) in one parallel
-    launch: ``out[:, :N0]`` from ``b0``, then ``b1``'s columns, then ``b2``'s (``num_parts`` = 2
-    ignores ``b2``). Each output is computed exactly as by :func:`qmatmul_decode`."""
-    t0 = _num_tasks(b0.shape[0])
-    t1 = _num_tasks(b1.shape[0])
-    t2 = _num_tasks(b2.shape[0]) if num_parts > 2 else 0
-    for task in numba.prange(t0 + t1 + t2):
-        if task < t0:
-            _decode_task(x, b0, kinds[0], task, out, 0)
-        elif task < t0 + t1:
-            _decode_task(x, b1, kinds[1], task - t0, out, b0.shape[0])
-        else:
-            _decode_task(x, b2, kinds[2], task - t0 - t1, out, b0.shape[0] + b1.shape[0])
-
-
 @numba.njit(cache=True, nogil=True, inline="always")
 def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, n0 + i] = dot(w[r0 + i], x[t]) for i < count and every t, in register tiles of
@@ -440,7 +405,7 @@ def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pr
 def qmatmul_tiled(
     x: np.ndarray, blocks: np.ndarray, kind: int, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    """out[t, n] = dot(x[t], decoded row n), bitwise equal to :func:`qmatmul_decode`: each task
+    """out[t, n] = dot(x[t], decoded row n), bitwise equal to :func:`qmatmul_blocks`: each task
     decodes its ROWS_PER_TASK rows once into a float32 scratch, then meets every activation row,
     TILE_N outputs by TILE_T rows per register tile, ROWS_PER_TILE rows of x per pass (they
     stay in L2 while the task's rows cycle through L1)."""
@@ -610,26 +575,23 @@ def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-unt
             n += 1
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def qmatmul_int8(
-    xq: np.ndarray,
-    xd: np.ndarray,
-    xs: np.ndarray,
-    blocks: np.ndarray,
-    kind: int,
-    out: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """out[t, n] from int8 activations (:func:`quantize_activations`) and Q4_0 / Q4_1 rows,
-    DECODE_TILE rows side by side; parallel over tasks of ROWS_PER_TASK output rows."""
-    for task in numba.prange(_num_tasks(blocks.shape[0])):
-        _int8_task(xq, xd, xs, blocks, kind, task, out, 0)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _part_task(x, xq, xd, xs, use_int8, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """One task of one part: int8 activations for a 4-bit part when ``use_int8``, else the
+    exact in-register decode (Q8_0 parts stay exact on the int8 path)."""
+    if use_int8 and kind != 2:
+        _int8_task(xq, xd, xs, blocks, kind, task, out, col)
+    else:
+        _decode_task(x, blocks, kind, task, out, col)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def qmatmul_int8_parts(
+def qmatmul_blocks(
+    x: np.ndarray,
     xq: np.ndarray,
     xd: np.ndarray,
     xs: np.ndarray,
+    use_int8: bool,
     b0: np.ndarray,
     b1: np.ndarray,
     b2: np.ndarray,
@@ -637,15 +599,24 @@ def qmatmul_int8_parts(
     num_parts: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """:func:`qmatmul_int8` of two or three Q4_0 / Q4_1 matrices in one parallel launch, their
-    columns side by side in ``out`` (as :func:`qmatmul_decode_parts`)."""
+    """``out = x @ concat(b0, b1, b2)[:num_parts].T`` in one parallel launch over tasks of
+    ROWS_PER_TASK output rows, each block decoded in registers and met by every row of ``x``
+    (decode steps; with ``use_int8``, every row count), DECODE_TILE output rows side by side.
+
+    x: (T, K) float32; xq (T, K) int8, xd / xs (T, K / 32) float32 from
+    :func:`quantize_activations` when ``use_int8`` (else unused, may be empty); b0..b2: block
+    rows of ``kinds`` (Q4_0 = 0, Q4_1 = 1, Q8_0 = 2), parts past ``num_parts`` (1 to 3) ignored;
+    out: (T, sum of the parts' rows) float32, their columns side by side (q|k|v, gate|up: one
+    thread-pool wake-up instead of three). Each output is the same operations whatever parts
+    share the launch and whatever T is."""
     t0 = _num_tasks(b0.shape[0])
-    t1 = _num_tasks(b1.shape[0])
+    t1 = _num_tasks(b1.shape[0]) if num_parts > 1 else 0
     t2 = _num_tasks(b2.shape[0]) if num_parts > 2 else 0
     for task in numba.prange(t0 + t1 + t2):
         if task < t0:
-            _int8_task(xq, xd, xs, b0, kinds[0], task, out, 0)
+            _part_task(x, xq, xd, xs, use_int8, b0, kinds[0], task, out, 0)
         elif task < t0 + t1:
-            _int8_task(xq, xd, xs, b1, kinds[1], task - t0, out, b0.shape[0])
+            _part_task(x, xq, xd, xs, use_int8, b1, kinds[1], task - t0, out, b0.shape[0])
         else:
-            _int8_task(xq, xd, xs, b2, kinds[2], task - t0 - t1, out, b0.shape[0] + b1.shape[0])
+            col = b0.shape[0] + b1.shape[0]
+            _part_task(x, xq, xd, xs, use_int8, b2, kinds[2], task - t0 - t1, out, col)

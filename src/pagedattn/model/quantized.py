@@ -30,10 +30,7 @@ from pagedattn.model.block_dot import (
     decode_into,
     host_has_avx2,
     matmul_float,
-    qmatmul_decode,
-    qmatmul_decode_parts,
-    qmatmul_int8,
-    qmatmul_int8_parts,
+    qmatmul_blocks,
     qmatmul_tiled,
     quantize_activations,
 )
@@ -207,7 +204,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
             Q4_0 / Q4_1 parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
-            does (:func:`pagedattn.model.block_dot.qmatmul_int8`): faster, within about 1% of
+            does (:func:`pagedattn.model.block_dot.qmatmul_blocks`): faster, within about 1% of
             the exact result; Q8_0 and float parts stay exact.
 
     Returns:
@@ -237,18 +234,23 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         if w.shape[1] != k:
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
     out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
-    if x.shape[0] <= DECODE_MAX_ROWS and _one_launch(out, x, parts, int8):
+
+    def in_registers(w: Matrix) -> bool:  # qmatmul_blocks: decode steps, and every int8 part
+        return isinstance(w, BlockQuantized) and (
+            x.shape[0] <= DECODE_MAX_ROWS or (int8 is not None and w.type_name != "Q8_0")
+        )
+
+    if len(parts) <= 3 and all(in_registers(w) for w in parts):
+        _launch_blocks(x, int8, parts, out)  # q|k|v, gate|up: one launch
         return out
     col = 0
     for w in parts:
         n = w.shape[0]
         view = out[:, col : col + n] if len(parts) > 1 else out
-        if isinstance(w, BlockQuantized):
-            if int8 is not None and w.type_name in ("Q4_0", "Q4_1"):
-                qmatmul_int8(*int8, w.blocks, w.kind, view)
-            else:
-                kernel = qmatmul_decode if x.shape[0] <= DECODE_MAX_ROWS else qmatmul_tiled
-                kernel(x, w.blocks, w.kind, view)
+        if in_registers(w):
+            _launch_blocks(x, int8, (w,), view)
+        elif isinstance(w, BlockQuantized):
+            qmatmul_tiled(x, w.blocks, w.kind, view)
         else:
             if w.dtype != np.float32 or w.ndim != 2:
                 raise ValueError(f"weights: expected float32 (out, in), got {w.dtype} {w.shape}")
@@ -258,28 +260,21 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
     return out
 
 
-def _one_launch(
-    out: np.ndarray,
+def _launch_blocks(
     x: np.ndarray,
-    parts: tuple[Matrix, ...],
     int8: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-) -> bool:
-    """Fill ``out`` from 2 or 3 block-quantized parts in one parallel launch (a decode step's
-    q|k|v and gate|up: one thread-pool wake-up instead of three); False where that does not
-    apply. Every output is computed by the same code as the per-part kernels."""
-    if not 2 <= len(parts) <= 3 or not all(isinstance(w, BlockQuantized) for w in parts):
-        return False
-    blocks = [w.blocks for w in parts if isinstance(w, BlockQuantized)]
-    kinds = [w.kind for w in parts if isinstance(w, BlockQuantized)]
-    if int8 is not None and any(kind not in (_KIND["Q4_0"], _KIND["Q4_1"]) for kind in kinds):
-        return False  # Q8_0 parts stay exact: the per-part loop mixes the two kernels
-    num_parts = len(blocks)
-    blocks.append(blocks[-1])  # an unused third part (ignored when num_parts == 2)
-    kinds.append(kinds[-1])
-    b0, b1, b2 = blocks[:3]
-    kind3 = (kinds[0], kinds[1], kinds[2])
+    parts: tuple[Matrix, ...],
+    out: np.ndarray,
+) -> None:
+    """:func:`~pagedattn.model.block_dot.qmatmul_blocks` on 1 to 3 block-quantized ``parts``
+    (the unused slots repeat the last part; int8 inputs empty when ``int8`` is None)."""
+    blocks = [w for w in parts if isinstance(w, BlockQuantized)]
+    padded = blocks + [blocks[-1]] * (3 - len(blocks))
     if int8 is None:
-        qmatmul_decode_parts(x, b0, b1, b2, kind3, num_parts, out)
+        unused = np.empty((x.shape[0], 0), np.float32)
+        xq, xd, xs = np.empty((x.shape[0], 0), np.int8), unused, unused
     else:
-        qmatmul_int8_parts(*int8, b0, b1, b2, kind3, num_parts, out)
-    return True
+        xq, xd, xs = int8
+    kinds = (padded[0].kind, padded[1].kind, padded[2].kind)
+    b0, b1, b2 = (w.blocks for w in padded)
+    qmatmul_blocks(x, xq, xd, xs, int8 is not None, b0, b1, b2, kinds, len(blocks), out)
