@@ -125,6 +125,30 @@ def test_decode_skips_freed_pages_outside_window() -> None:
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
 
+def test_decode_split_whose_pages_are_all_absent_weighs_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # 64 keys in 4 splits of 16 (two pages of 8 each): split 1 (keys 16..31) and the whole of
+    # sequence 1 are absent pages; the merge must drop those partial states, not average NaN in.
+    monkeypatch.setattr(paged, "SPLIT_MIN_KEYS", 16)
+    rng = np.random.default_rng(12)
+    ks = [randn(rng, 64, 1, 8), randn(rng, 64, 1, 8)]
+    vs = [randn(rng, 64, 1, 8), randn(rng, 64, 1, 8)]
+    kc, vc, tables = scatter_sequences(ks, vs, 8, rng)
+    tables[0, 2:4] = -1
+    tables[1, :] = -1
+    q = randn(rng, 2, 2, 8)
+    lens = np.array([64, 64], np.int32)
+    assert paged.decode_splits(lens, None).tolist() == [4, 4]
+    out, lse = paged_attention_decode(q, kc, vc, tables, lens, return_lse=True)
+    seen = np.r_[0:16, 32:64]
+    ref, ref_lse = reference_attention(
+        q[:1], ks[0][seen], vs[0][seen], causal=False, return_lse=True
+    )
+    np.testing.assert_allclose(out[:1], ref, atol=1e-5)
+    np.testing.assert_allclose(lse[:1], ref_lse, atol=1e-5)
+    np.testing.assert_array_equal(out[1], 0.0)
+    np.testing.assert_array_equal(lse[1], -np.inf)
+
+
 def test_write_kv_writes_exactly_the_given_slots() -> None:
     rng = np.random.default_rng(9)
     kc = np.zeros((3, 2, 4, 5), np.float32)

@@ -10,7 +10,7 @@ from pagedattn.kernels import paged_attention_decode, reference_attention, write
 from pagedattn.kernels.paged_plan import decode_planned, plan_decode, plan_slots, write_kv_planned
 from tests.kernels.helpers import randn, scatter_sequences
 
-LENS = [1, 40, 1100]  # 1100 keys: two flash-decoding splits (SPLIT_MIN_KEYS = 512), merged
+LENS = [1, 40, 600]  # 600 keys: two flash-decoding splits (SPLIT_MIN_KEYS = 256), merged
 
 
 @pytest.mark.parametrize(("window", "sinks"), [(None, 0), (300, 4)])

@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_decode_numba, paged_prefill_numba
-from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged_checks import (
     IntArray,
     check_array,
@@ -33,7 +32,7 @@ from pagedattn.kernels.write_kv_numba import scatter_kv
 
 F32Array = npt.NDArray[np.float32]
 PREFILL_BLOCK_ROWS = 32  # query rows sharing each page tile (x group = vector lanes)
-SPLIT_MIN_KEYS = 512  # a decode split (flash-decoding) covers at least this many keys
+SPLIT_MIN_KEYS = 256  # a decode split (flash-decoding) covers at least this many keys
 MAX_SPLITS = 8  # splits of one sequence's keys in decode
 
 
@@ -43,7 +42,7 @@ def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDA
 
     Chosen from each sequence's own length only (never the batch size or thread count), so a
     sequence's attention output is bitwise the same alone or inside any batch; the partial
-    states are merged with :func:`merge_states` in split order.
+    partial states are merged by log-sum-exp in split order (as :func:`merge_states` does).
 
     Args:
         context_lens: (num_seqs,) KV tokens of each sequence.
@@ -68,6 +67,35 @@ def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     zigzag[0::2] = order[:half]
     zigzag[1::2] = order[half:][::-1]
     return zigzag
+
+
+def run_decode_kernel(
+    q: F32Array,
+    q_sink: F32Array,
+    k_cache: F32Array,
+    v_cache: F32Array,
+    tables: npt.NDArray[np.int32],
+    ctx: npt.NDArray[np.int32],
+    splits: npt.NDArray[np.int32],
+    scale: np.float32,
+    window: int,
+    num_sink_tokens: int,
+) -> tuple[F32Array, F32Array]:
+    """Run the Numba decode kernel on validated, contiguous int32 / float32 arguments.
+
+    Returns ``(out, lse)``: float32 (num_seqs, num_heads, head_dim) and (num_seqs, num_heads).
+    The per-split partial states live in scratch that is only written where a sequence has
+    more than one split (``splits``, from :func:`decode_splits`)."""
+    num_splits = int(splits.max(initial=1))
+    parts = np.empty((num_splits if num_splits > 1 else 0, *q.shape), np.float32)
+    part_lse = np.empty(parts.shape[:3], np.float32)
+    out = np.empty(q.shape, np.float32)
+    lse = np.empty(q.shape[:2], np.float32)
+    paged_decode_numba.decode_kernel(
+        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink_tokens, parts,
+        part_lse, out, lse,
+    )  # fmt: skip
+    return out, lse
 
 
 def write_kv(
@@ -180,17 +208,9 @@ def paged_attention_decode(
         num_sink_tokens,
     )
     splits = decode_splits(ctx, sliding_window)
-    num_splits = int(splits.max(initial=1))
-    outs = np.empty((num_splits, *q.shape), np.float32)
-    lses = np.empty((num_splits, *q.shape[:2]), np.float32)
-    paged_decode_numba.decode_kernel(
-        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens, outs,
-        lses,
-    )  # fmt: skip
-    out, lse = outs[0], lses[0]
-    for i in range(1, num_splits):  # each sequence merges exactly its own splits, in order
-        rows = np.flatnonzero(splits > i)
-        out[rows], lse[rows] = merge_states(out[rows], lse[rows], outs[i][rows], lses[i][rows])
+    out, lse = run_decode_kernel(
+        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens
+    )
     return (out, lse) if return_lse else out
 
 

@@ -1,5 +1,6 @@
 """Argument validation shared by the paged kernels: every failure is a ValueError naming
-the argument and the expected shape, raised before any Numba code runs."""
+the argument and the expected shape, raised before any kernel runs (one compiled range scan
+serves the page-table check's fast path)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 IntArray = npt.NDArray[np.integer[Any]]
 CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
@@ -77,6 +79,27 @@ def check_window(sliding_window: int | None, num_sink_tokens: int) -> int:
     return 0 if sliding_window is None else int(sliding_window)
 
 
+@njit(cache=True, nogil=True)
+def _metadata_ranges(
+    tables: npt.NDArray[np.int32], ctx: npt.NDArray[np.int32], page_size: int
+) -> tuple[int, int, int, int]:  # pragma: no cover - compiled
+    """``(min ctx, max ctx, min, max)`` of the table entries up to the longest context (0, 0,
+    0, -1 when none): one pass instead of a NumPy reduction per bound."""
+    ctx_lo, ctx_hi = 0, 0
+    for s in range(ctx.shape[0]):
+        c = int(ctx[s])
+        ctx_lo = c if s == 0 else min(ctx_lo, c)
+        ctx_hi = c if s == 0 else max(ctx_hi, c)
+    num_used = min(tables.shape[1], (max(ctx_hi, 0) + page_size - 1) // page_size)
+    used_lo, used_hi = 0, -1
+    for s in range(tables.shape[0]):
+        for i in range(num_used):
+            p = int(tables[s, i])
+            used_lo = min(used_lo, p)
+            used_hi = max(used_hi, p)
+    return ctx_lo, ctx_hi, used_lo, used_hi
+
+
 def check_pages(
     tables: npt.NDArray[np.int32],
     ctx: npt.NDArray[np.int32],
@@ -95,14 +118,14 @@ def check_pages(
     are never read nor checked.
     """
     capacity = tables.shape[1] * page_size
-    if (ctx < 0).any() or (ctx > capacity).any():
+    ctx_lo, ctx_hi, used_lo, used_hi = _metadata_ranges(tables, ctx, page_size)
+    if ctx_lo < 0 or ctx_hi > capacity:
         s = int(np.argmax((ctx < 0) | (ctx > capacity)))
         raise ValueError(
             f"context_lens: expected 0 <= context_len <= max_pages_per_seq * page_size = "
             f"{tables.shape[1]} * {page_size} = {capacity}, sequence {s} has {int(ctx[s])}"
         )
-    used = tables[:, : -(-int(ctx.max(initial=0)) // page_size)]
-    if used.size == 0 or (used.min() >= -1 and used.max() < num_pages):
+    if used_lo >= -1 and used_hi < num_pages:
         return  # fast path: every entry up to the longest context is a page id or absent
     ctx64 = ctx.astype(np.int64)
     sink_end = np.minimum(num_sink_tokens, ctx64)

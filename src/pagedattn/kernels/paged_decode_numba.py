@@ -243,6 +243,43 @@ def _block(
     _finish(acc, m, lsum, out, lse, row0, g)
 
 
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _merge_splits(
+    parts: np.ndarray,
+    part_lse: np.ndarray,
+    own: int,
+    s: int,
+    head: int,
+    out: np.ndarray,
+    lse: np.ndarray,
+) -> None:
+    """Fold the partial states of splits ``0 .. own-1`` of row ``(s, head)`` into ``out[s, head]``
+    and ``lse[s, head]``: weights ``exp(lse_i - max)`` (FlashAttention's online-softmax identity;
+    FlashInfer's ``merge_state``), in split order; a split that saw no key (``-inf``) weighs 0."""
+    head_dim = out.shape[2]
+    m = NEG_INF
+    for i in range(own):
+        m = max(m, part_lse[i, s, head])
+    for d in range(head_dim):
+        out[s, head, d] = 0.0
+    if m == NEG_INF:
+        lse[s, head] = NEG_INF
+        return
+    total = np.float32(0.0)
+    for i in range(own):
+        li = part_lse[i, s, head]
+        if li == NEG_INF:  # its partial output is garbage-free only by convention: skip it
+            continue
+        w = np.exp(li - m)
+        total += w
+        for d in range(head_dim):
+            out[s, head, d] += w * parts[i, s, head, d]
+    inv = np.float32(1.0) / total
+    for d in range(head_dim):
+        out[s, head, d] *= inv
+    lse[s, head] = m + np.log(total)
+
+
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
 def decode_kernel(
     q: np.ndarray,
@@ -255,17 +292,21 @@ def decode_kernel(
     scale: np.float32,
     window: int,
     num_sink: int,
+    parts: np.ndarray,
+    part_lse: np.ndarray,
     out: np.ndarray,
     lse: np.ndarray,
 ) -> None:
     """One query row per sequence; parallel over (sequence, kv head, split). window <= 0: none.
 
-    out: (max_splits, num_seqs, num_heads, head_dim), lse: (max_splits, num_seqs, num_heads).
-    Sequence ``s`` is cut into ``splits[s]`` slices of the window's keys (split 0 also holds the
-    sinks), each a partial state to be merged by log-sum-exp (flash-decoding, Dao et al. 2023);
-    entries of splits ``>= splits[s]`` are left unwritten.
+    out: (num_seqs, num_heads, head_dim), lse: (num_seqs, num_heads). Sequence ``s`` is cut
+    into ``splits[s]`` slices of the window's keys (split 0 also holds the sinks), each a
+    partial state in ``parts`` (max_splits, num_seqs, num_heads, head_dim) and ``part_lse``
+    (max_splits, num_seqs, num_heads), then merged by log-sum-exp in split order
+    (flash-decoding, Dao et al. 2023); a sequence with one split writes ``out`` directly, and
+    ``parts`` may have 0 splits when no sequence has two.
     """
-    num_splits = out.shape[0]
+    num_splits = max(parts.shape[0], 1)  # parts is empty when no sequence has a second split
     num_seqs = q.shape[0]
     num_kv_heads = k_cache.shape[1]
     for item in prange(num_splits * num_seqs * num_kv_heads):
@@ -281,5 +322,15 @@ def decode_kernel(
         chunk = (ctx - rest_start + own - 1) // own
         key_lo = 0 if split == 0 else rest_start + split * chunk
         key_hi = min(ctx, rest_start + (split + 1) * chunk)
-        _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale, window,
-               num_sink, key_lo, key_hi, out[split], lse[split])  # fmt: skip
+        if own == 1:
+            _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale,
+                   window, num_sink, key_lo, key_hi, out, lse)  # fmt: skip
+        else:
+            _block(q, q_sink, k_cache, v_cache, page_tables[s], g, s, 0, 1, ctx, 1, scale,
+                   window, num_sink, key_lo, key_hi, parts[split], part_lse[split])  # fmt: skip
+    if parts.shape[0] > 1:
+        num_heads = q.shape[1]
+        for row in prange(num_seqs * num_heads):
+            s = row // num_heads
+            if splits[s] > 1:
+                _merge_splits(parts, part_lse, splits[s], s, row % num_heads, out, lse)

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pagedattn.kernels import paged_decode_numba
-from pagedattn.kernels.merge import merge_states
-from pagedattn.kernels.paged import decode_splits
+from pagedattn.kernels.paged import decode_splits, run_decode_kernel
 from pagedattn.kernels.paged_checks import (
     CacheShape,
     IntArray,
@@ -75,12 +73,11 @@ def write_kv_planned(
 @dataclass(frozen=True)
 class DecodePlan:
     """A decode step's validated metadata: int32 ``tables`` (num_seqs, max_pages_per_seq),
-    ``ctx`` (num_seqs,), ``splits`` (num_seqs,) and the rows that merge each extra split."""
+    ``ctx`` (num_seqs,) and ``splits`` (num_seqs,)."""
 
     tables: npt.NDArray[np.int32]
     ctx: npt.NDArray[np.int32]
     splits: npt.NDArray[np.int32]
-    merge_rows: tuple[npt.NDArray[np.intp], ...]
     window: int
     num_sink_tokens: int
     scale: np.float32
@@ -117,13 +114,11 @@ def plan_decode(
         num_sink_tokens,
     )  # fmt: skip
     splits = decode_splits(ctx, sliding_window)
-    merge_rows = tuple(np.flatnonzero(splits > i) for i in range(1, int(splits.max(initial=1))))
     scale = np.float32(1.0 / math.sqrt(head_dim))
     return DecodePlan(
         tables,
         ctx,
         splits,
-        merge_rows,
         window,
         num_sink_tokens,
         scale,
@@ -167,15 +162,9 @@ def decode_planned(
     else:
         _check_rows("q_sink", q_sink, shape, "(num_seqs, num_heads, head_dim)")
         q_sink = np.ascontiguousarray(q_sink)
-    num_splits = len(plan.merge_rows) + 1
-    outs = np.empty((num_splits, *q.shape), np.float32)
-    lses = np.empty((num_splits, *q.shape[:2]), np.float32)
-    paged_decode_numba.decode_kernel(
-        q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale,
-        plan.window, plan.num_sink_tokens, outs, lses,
+    out, _ = run_decode_kernel(
+        q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale, plan.window,
+        plan.num_sink_tokens,
     )  # fmt: skip
-    out, lse = outs[0], lses[0]
-    for i, rows in enumerate(plan.merge_rows, start=1):  # each sequence merges its own splits
-        out[rows], lse[rows] = merge_states(out[rows], lse[rows], outs[i][rows], lses[i][rows])
     result: F32Array = out
     return result
