@@ -51,11 +51,12 @@ def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDA
     Returns:
         (num_seqs,) int32, each in [1, MAX_SPLITS].
     """
-    keys = np.asarray(context_lens, dtype=np.int64)
+    keys = np.asarray(context_lens)
     if sliding_window is not None:
         keys = np.minimum(keys, sliding_window)
     # np.minimum / np.maximum: the same values as np.clip at a fraction of its call overhead
-    return np.minimum(np.maximum(keys // SPLIT_MIN_KEYS, 1), MAX_SPLITS).astype(np.int32)
+    splits = np.minimum(np.maximum(keys // SPLIT_MIN_KEYS, 1), MAX_SPLITS)
+    return splits if splits.dtype == np.int32 else splits.astype(np.int32)
 
 
 def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -80,17 +81,19 @@ def run_decode_kernel(
     scale: np.float32,
     window: int,
     num_sink_tokens: int,
+    num_splits: int,
 ) -> tuple[F32Array, F32Array]:
     """Run the Numba decode kernel on validated, contiguous int32 / float32 arguments.
 
     Returns ``(out, lse)``: float32 (num_seqs, num_heads, head_dim) and (num_seqs, num_heads).
     The per-split partial states live in scratch that is only written where a sequence has
-    more than one split (``splits``, from :func:`decode_splits`)."""
-    num_splits = int(splits.max(initial=1))
-    parts = np.empty((num_splits if num_splits > 1 else 0, *q.shape), np.float32)
-    part_lse = np.empty(parts.shape[:3], np.float32)
-    out = np.empty(q.shape, np.float32)
-    lse = np.empty(q.shape[:2], np.float32)
+    more than one split (``splits``, from :func:`decode_splits`; ``num_splits`` their max)."""
+    num_seqs, num_heads, head_dim = q.shape
+    scratch = num_splits if num_splits > 1 else 0
+    parts = np.empty((scratch, num_seqs, num_heads, head_dim), np.float32)
+    part_lse = np.empty((scratch, num_seqs, num_heads), np.float32)
+    out = np.empty((num_seqs, num_heads, head_dim), np.float32)
+    lse = np.empty((num_seqs, num_heads), np.float32)
     paged_decode_numba.decode_kernel(
         q, q_sink, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink_tokens, parts,
         part_lse, out, lse,
@@ -198,19 +201,12 @@ def paged_attention_decode(
     num_seqs = q.shape[0]
     tables = int_array("page_tables", page_tables, (num_seqs, -1), "(num_seqs, max_pages_per_seq)")
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
-    check_pages(
-        tables,
-        ctx,
-        np.ones(num_seqs, np.int64),
-        page_size,
-        k_cache.shape[0],
-        sliding_window,
-        num_sink_tokens,
-    )
+    check_pages(tables, ctx, None, page_size, k_cache.shape[0], sliding_window, num_sink_tokens)
     splits = decode_splits(ctx, sliding_window)
     out, lse = run_decode_kernel(
-        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens
-    )
+        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens,
+        int(splits.max(initial=1)),
+    )  # fmt: skip
     return (out, lse) if return_lse else out
 
 

@@ -73,11 +73,12 @@ def write_kv_planned(
 @dataclass(frozen=True)
 class DecodePlan:
     """A decode step's validated metadata: int32 ``tables`` (num_seqs, max_pages_per_seq),
-    ``ctx`` (num_seqs,) and ``splits`` (num_seqs,)."""
+    ``ctx`` (num_seqs,), ``splits`` (num_seqs,) and their maximum ``num_splits``."""
 
     tables: npt.NDArray[np.int32]
     ctx: npt.NDArray[np.int32]
     splits: npt.NDArray[np.int32]
+    num_splits: int
     window: int
     num_sink_tokens: int
     scale: np.float32
@@ -109,16 +110,14 @@ def plan_decode(
     tables = int_array("page_tables", page_tables, (-1, -1), "(num_seqs, max_pages_per_seq)")
     num_seqs = tables.shape[0]
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
-    check_pages(
-        tables, ctx, np.ones(num_seqs, np.int64), page_size, num_pages, sliding_window,
-        num_sink_tokens,
-    )  # fmt: skip
+    check_pages(tables, ctx, None, page_size, num_pages, sliding_window, num_sink_tokens)
     splits = decode_splits(ctx, sliding_window)
     scale = np.float32(1.0 / math.sqrt(head_dim))
     return DecodePlan(
         tables,
         ctx,
         splits,
+        int(splits.max(initial=1)),
         window,
         num_sink_tokens,
         scale,
@@ -164,7 +163,7 @@ def decode_planned(
         q_sink = np.ascontiguousarray(q_sink)
     out, _ = run_decode_kernel(
         q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale, plan.window,
-        plan.num_sink_tokens,
+        plan.num_sink_tokens, plan.num_splits,
     )  # fmt: skip
     result: F32Array = out
     return result
