@@ -123,13 +123,22 @@ from pagedattn.model.llama import LlamaModel
 # ignored SIGINT, and Python then installs no KeyboardInterrupt handler
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+import pagedattn.cli.stream as stream
+
 real_forward = LlamaModel.forward
-state = {"slow": True}
+real_warm_up = stream.warm_up
+state = {"slow": True, "warm": False}
+
+
+def warm_up(*args, **kwargs):
+    result = real_warm_up(*args, **kwargs)
+    state["warm"] = True
+    return result
 
 
 def forward(self, batch, kv):
-    # the first prefill stalls before writing any KV: the user presses Ctrl-C meanwhile
-    if state["slow"] and batch.num_tokens > 1:
+    # the first turn's prefill stalls before writing any KV: the user presses Ctrl-C meanwhile
+    if state["slow"] and state["warm"] and batch.num_tokens > 1:
         state["slow"] = False
         sys.stderr.write("FORWARD-STARTED\\n")
         sys.stderr.flush()
@@ -142,6 +151,7 @@ def forward(self, batch, kv):
 
 
 LlamaModel.forward = forward
+stream.warm_up = warm_up
 from pagedattn.cli import main
 
 sys.argv = ["pagedattn", "chat", *sys.argv[1:]]

@@ -46,7 +46,7 @@ def _q8_1_dequantized(x: np.ndarray) -> np.ndarray:
     rows=st.integers(1, 9),
     out=st.integers(1, 37),
     blocks=st.integers(1, 5),
-    qtype=st.sampled_from([Q.Q4_0, Q.Q4_1]),
+    qtype=st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0]),
     seed=st.integers(0, 2**16),
 )
 def test_int8_path_is_w_times_the_q8_1_input(
@@ -67,14 +67,18 @@ def test_int8_path_is_w_times_the_q8_1_input(
         np.testing.assert_array_equal(qmatmul(x[t : t + 1], w, activations="int8")[0], got[t])
 
 
-def test_q8_0_and_float_parts_stay_exact() -> None:
+def test_float_parts_stay_exact_beside_int8_block_parts() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     q8 = from_gguf_blocks(
         quantize(rng.standard_normal((5, 64)).astype(np.float32), Q.Q8_0), "Q8_0", (5, 64)
     )
     dense = rng.standard_normal((4, 64)).astype(np.float32)
-    np.testing.assert_array_equal(qmatmul(x, q8, dense, activations="int8"), qmatmul(x, q8, dense))
+    got = qmatmul(x, q8, dense, activations="int8")
+    np.testing.assert_array_equal(got[:, 5:], qmatmul(x, dense))
+    want = _q8_1_dequantized(x) @ q8.dequantize().astype(np.float64).T  # Q8_0 x int8, as ggml
+    np.testing.assert_allclose(got[:, :5], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(got[:, :5] - qmatmul(x, q8)).max() > 0  # not the exact path
 
 
 def test_unknown_or_unsupported_activations_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

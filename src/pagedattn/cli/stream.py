@@ -86,11 +86,13 @@ class StreamResult:
 
 
 def warm_up(engine: LLMEngine, token_id: int) -> float:
-    """Run a throwaway request (a one-token prompt, two greedy tokens: one prefill and one
-    decode step) so that the first real request's timings do not include the one-time Numba
-    kernel compilation or cache load.
+    """Run a throwaway request (a three-token prompt, two greedy tokens: one prefill step
+    through the multi-row kernels and one decode step through the fused decode layers) so that
+    the first real request's timings do not include the one-time Numba kernel compilation or
+    cache load.
 
-    The prompt is shorter than a page, so nothing enters the prefix cache; the request is
+    The prompt is shorter than a page (one token with pages of two or fewer), so nothing enters
+    the prefix cache; the request is
     seeded, so the engine's random generator is not advanced.
 
     Returns:
@@ -102,7 +104,8 @@ def warm_up(engine: LLMEngine, token_id: int) -> float:
 
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
     start = time.perf_counter()
-    engine.add_request([int(token_id)], params)
+    prompt_len = max(1, min(3, engine.config.cache.page_size - 1))  # never a full page
+    engine.add_request([int(token_id)] * prompt_len, params)
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - start

@@ -134,7 +134,7 @@ def apply_rope_cos_sin(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nd
             f"cos/sin: expected shape ({x.shape[0]}, {half}), got {cos.shape} and {sin.shape}"
         )
     out = np.empty(x.shape, dtype=np.float32)  # (T, H, D)
-    _rope_kernel(
+    rope_into(
         np.ascontiguousarray(x, dtype=np.float32),
         np.ascontiguousarray(cos, dtype=np.float32),
         np.ascontiguousarray(sin, dtype=np.float32),
@@ -144,7 +144,7 @@ def apply_rope_cos_sin(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nd
 
 
 @numba.njit(cache=True, nogil=True)  # no fastmath: a product and a difference, each rounded
-def _rope_kernel(
+def rope_into(
     x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """out = [x1 cos - x2 sin, x2 cos + x1 sin] per (token, head): each product rounded, then

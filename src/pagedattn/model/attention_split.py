@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from pagedattn.kernels.paged import paged_attention_prefill
+from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import DecodePlan, decode_planned, plan_decode
 from pagedattn.model.forward_batch import ForwardBatch
 
@@ -51,7 +52,7 @@ class AttentionSplit:
             k_cache, v_cache: one layer's (num_pages, num_kv_heads, page_size, head_dim) pool.
         """
         b = self.batch
-        if self.decode_seqs.size == b.num_seqs:  # decode-only step: rows are sequences, in order
+        if self.decode_only:  # rows are sequences, in order
             return self._decode(q, q_sink, k_cache, v_cache, b.page_tables, b.context_lens)
         if self.decode_seqs.size == 0:
             return self._prefill(
@@ -79,13 +80,33 @@ class AttentionSplit:
         page_tables: np.ndarray,
         context_lens: np.ndarray,
     ) -> np.ndarray:
-        shape = k_cache.shape
-        if self._decode_plan is None or self._decode_plan.cache_shape != shape:
+        plan = self._plan(page_tables, context_lens, k_cache.shape)  # type: ignore[arg-type]
+        return decode_planned(plan, q, q_sink, k_cache, v_cache)
+
+    def _plan(
+        self, page_tables: np.ndarray, context_lens: np.ndarray, cache_shape: CacheShape
+    ) -> DecodePlan:
+        if self._decode_plan is None or self._decode_plan.cache_shape != cache_shape:
             self._decode_plan = plan_decode(
-                page_tables, context_lens, shape, sliding_window=self.batch.sliding_window,
+                page_tables, context_lens, cache_shape, sliding_window=self.batch.sliding_window,
                 num_sink_tokens=self.batch.num_sink_tokens,
             )  # fmt: skip
-        return decode_planned(self._decode_plan, q, q_sink, k_cache, v_cache)
+        return self._decode_plan
+
+    @property
+    def decode_only(self) -> bool:
+        """Every sequence of the batch has exactly one new token (rows are sequences)."""
+        return bool(self.decode_seqs.size == self.batch.num_seqs)
+
+    def decode_plan(self, cache_shape: CacheShape) -> DecodePlan:
+        """The validated decode metadata of a decode-only batch (built once, then reused).
+
+        Raises:
+            ValueError: the batch is not decode-only, or its metadata is invalid.
+        """
+        if not self.decode_only:
+            raise ValueError("decode_plan: the batch has prefill rows")
+        return self._plan(self.batch.page_tables, self.batch.context_lens, cache_shape)
 
     def _prefill(
         self,

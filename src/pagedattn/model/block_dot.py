@@ -432,12 +432,13 @@ def matmul_float(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
 
 # --- int8 activations (opt-in, not exact) -------------------------------------------------------
 #
-# llama.cpp's CPU path for Q4 weights (``ggml_vec_dot_q4_1_q8_1``): each 32-input block of an
-# activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a block's dot
-# product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)``, with the integer sum from
-# AVX2's ``vpmaddubsw`` (unsigned codes times signed int8, pairwise into int16: at most
-# 2 * 15 * 127, no saturation) and ``vpmaddwd`` (pairs into int32). Every (row, output) is the
-# same sequence of operations for any row count: batch invariance holds on this path too.
+# llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): each 32-input
+# block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
+# block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
+# offset), with the integer sum from AVX2's ``vpmaddubsw`` (unsigned times signed int8, pairwise
+# into int16: at most 2 * 15 * 127 for 4-bit codes, 2 * 127 * 127 for Q8_0's; no saturation) and
+# ``vpmaddwd`` (pairs into int32). Every (row, output) is the same sequence of operations for
+# any row count: batch invariance holds on this path too.
 
 _V16I8 = ir.VectorType(_I8, 16)
 _V32I8 = ir.VectorType(_I8, 32)
@@ -462,7 +463,9 @@ def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -
 def _make_int8_dot(kind: int, rows: int) -> Any:
     """Intrinsic (blocks, n0, xq, xd, xs, t) -> UniTuple(float32, rows):
     out[t, n0 + r] from int8 activations ``xq`` (T, K), block scales ``xd`` and sums ``xs``
-    (T, K / 32). 4-bit kinds only (Q4_0 = 0, Q4_1 = 1)."""
+    (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's ``ggml_vec_dot_q8_0_q8_0``: signed codes,
+    so ``vpmaddubsw`` takes ``|xq|`` and the codes with ``xq``'s sign (``vpsignb``); a product
+    pair is at most 2 * 127 * 127, below int16's limit, as ``|xq| <= 127``)."""
     size, header, _ = _LAYOUT[kind]
 
     @intrinsic  # type: ignore[misc]
@@ -491,6 +494,8 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                 xqv = builder.load(
                     builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer()), align=1
                 )
+                # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
+                abs_xq = _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv, ir.IntType(1)(0)])
                 dx = builder.load(d_arr.ptr(builder, t_row, b))
                 sx = builder.load(x_arr.ptr(builder, t_row, b))
                 vec, off = list(accs[:rows]), list(accs[rows:])
@@ -500,16 +505,24 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                     block = b_arr.ptr(builder, n, start)
                     codes = builder.gep(block, [i64(header)])
                     _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
-                    packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
-                    lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-                    hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-                    codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
-                    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
+                    if kind == 2:
+                        codes32 = builder.load(builder.bitcast(codes, _V32I8.as_pointer()), align=1)
+                        signed = _x86(builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv])
+                        pairs = _x86(
+                            builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [abs_xq, signed]
+                        )
+                    else:
+                        packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
+                        lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+                        hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+                        codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
+                        pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
                     quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
                     d, m = _scale_offset(builder, kind, block)
                     ddx = _splat(builder, builder.fmul(d, dx), 8)
                     vec[r] = _fma(builder, ddx, builder.sitofp(quads, _V8F), vec[r])
-                    off[r] = _fma(builder, m, sx, off[r])
+                    if kind != 2:  # Q8_0 has no offset
+                        off[r] = _fma(builder, m, sx, off[r])
                 return vec + off
 
             _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
@@ -523,6 +536,25 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
 
 _i8_q4_0_by4, _i8_q4_0_by1 = _make_int8_dot(0, DECODE_TILE), _make_int8_dot(0, 1)
 _i8_q4_1_by4, _i8_q4_1_by1 = _make_int8_dot(1, DECODE_TILE), _make_int8_dot(1, 1)
+_i8_q8_0_by4, _i8_q8_0_by1 = _make_int8_dot(2, DECODE_TILE), _make_int8_dot(2, 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Row ``t`` of :func:`quantize_activations`."""
+    for b in range(x.shape[1] // BLOCK):
+        amax = np.float32(0.0)
+        for j in range(b * BLOCK, (b + 1) * BLOCK):
+            amax = max(amax, abs(x[t, j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+        total = 0
+        for j in range(b * BLOCK, (b + 1) * BLOCK):
+            q = np.int8(np.rint(x[t, j] * inv))
+            xq[t, j] = q
+            total += int(q)
+        xd[t, b] = d
+        xs[t, b] = d * np.float32(total)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -534,22 +566,20 @@ def quantize_activations(
     ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
     ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
     offset`` (summing the unquantized ``x`` for the offset term would leave
-    ``scale * sum(code * error)``, several times larger)."""
-    num_blocks = x.shape[1] // BLOCK
+    ``scale * sum(code * error)``, several times larger). Parallel over rows; the same values
+    as :func:`quantize_activations_serial`."""
     for t in numba.prange(x.shape[0]):
-        for b in range(num_blocks):
-            amax = np.float32(0.0)
-            for j in range(b * BLOCK, (b + 1) * BLOCK):
-                amax = max(amax, abs(x[t, j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-            total = 0
-            for j in range(b * BLOCK, (b + 1) * BLOCK):
-                q = np.int8(np.rint(x[t, j] * inv))
-                xq[t, j] = q
-                total += int(q)
-            xd[t, b] = d
-            xs[t, b] = d * np.float32(total)
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@numba.njit(cache=True, nogil=True)
+def quantize_activations_serial(
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """:func:`quantize_activations` on the calling thread (a decode step's one or two rows:
+    waking the thread pool costs more than the rows)."""
+    for t in range(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -562,24 +592,28 @@ def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-unt
         while n + DECODE_TILE <= n1:
             if kind == 0:
                 r = _i8_q4_0_by4(blocks, n, xq, xd, xs, t)
-            else:
+            elif kind == 1:
                 r = _i8_q4_1_by4(blocks, n, xq, xd, xs, t)
+            else:
+                r = _i8_q8_0_by4(blocks, n, xq, xd, xs, t)
             for i in range(DECODE_TILE):
                 out[t, col + n + i] = r[i]
             n += DECODE_TILE
         while n < n1:
             if kind == 0:
                 out[t, col + n] = _i8_q4_0_by1(blocks, n, xq, xd, xs, t)[0]
-            else:
+            elif kind == 1:
                 out[t, col + n] = _i8_q4_1_by1(blocks, n, xq, xd, xs, t)[0]
+            else:
+                out[t, col + n] = _i8_q8_0_by1(blocks, n, xq, xd, xs, t)[0]
             n += 1
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _part_task(x, xq, xd, xs, use_int8, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """One task of one part: int8 activations for a 4-bit part when ``use_int8``, else the
-    exact in-register decode (Q8_0 parts stay exact on the int8 path)."""
-    if use_int8 and kind != 2:
+    """One task of one part: int8 activations when ``use_int8``, else the exact in-register
+    decode."""
+    if use_int8:
         _int8_task(xq, xd, xs, blocks, kind, task, out, col)
     else:
         _decode_task(x, blocks, kind, task, out, col)

@@ -24,19 +24,27 @@ from pagedattn.kernels.paged import paged_attention_decode
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
+from pagedattn.model.decode_layer import decode_layer
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import (
+    DECODE_MAX_ROWS,
     BlockQuantized,
     Matrix,
     check_activations,
     dequantize_rows,
     qmatmul,
 )
-from pagedattn.model.row_ops import rms_norm, silu_mul
+from pagedattn.model.row_ops import SERIAL_MAX_ROWS, rms_norm, silu_mul
 from pagedattn.model.weights import check_weights, expected_weight_shapes
 
 if TYPE_CHECKING:
+    from pagedattn.kernels.paged_checks import SlotPlan
+    from pagedattn.kernels.paged_plan import DecodePlan
     from pagedattn.model.loader import LoadedModel
+
+# Up to this many decode rows, a step runs each layer as one compiled call (decode_layer): the
+# rows every kernel of the general path would also run serially / in registers.
+FUSED_MAX_ROWS = min(DECODE_MAX_ROWS, SERIAL_MAX_ROWS)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,21 @@ class _Layer:
     mlp_norm: np.ndarray  # (H,)
     gate_up: tuple[Matrix, Matrix]  # gate (I, H), up (I, H)
     down: Matrix  # (H, I)
+
+    def fused_args(self) -> tuple[object, ...] | None:
+        """The weights as :func:`~pagedattn.model.decode_layer.decode_layer` takes them (norms,
+        block rows and kinds), or None when a projection is not block-quantized."""
+        q, k, v = self.qkv
+        gate, up = self.gate_up
+        mats = (q, k, v, self.o, gate, up, self.down)
+        if not all(isinstance(m, BlockQuantized) for m in mats):
+            return None
+        bq, bk, bv, bo, bg, bu, bd = (m for m in mats if isinstance(m, BlockQuantized))
+        return (
+            self.attn_norm, self.mlp_norm, bq.blocks, bk.blocks, bv.blocks,
+            (bq.kind, bk.kind, bv.kind), bo.blocks, bo.kind, bg.blocks, bu.blocks,
+            (bg.kind, bu.kind), bd.blocks, bd.kind,
+        )  # fmt: skip
 
 
 class LlamaModel:
@@ -77,11 +100,15 @@ class LlamaModel:
             (rotate-half) order; those present in ``quantized`` are not read (a lazy mapping,
             as :func:`pagedattn.model.loader.load_model` returns, never dequantizes them).
         quantized: exact block forms (``LoadedModel.quantized``), used instead of ``weights``.
-        activations: ``"float32"`` (default, exact) or ``"int8"``: the layers' Q4_0 / Q4_1
-            projections quantize their input per 32-input block to int8, as llama.cpp does
+        activations: ``"float32"`` (default, exact) or ``"int8"``: the block-quantized
+            projections and LM head quantize their input per 32-input block to int8, as
+            llama.cpp does
             (:func:`~pagedattn.model.quantized.qmatmul`): faster decoding, logits no longer
             within 1e-3 of HF (``pagedattn bench generate --activations int8`` prints the
             deviation). Still batch-invariant.
+        fused_decode: run each layer of a decode step of up to ``FUSED_MAX_ROWS`` rows as one
+            compiled call (:mod:`pagedattn.model.decode_layer`; bitwise the same results,
+            less per-operation overhead). False always takes the step-by-step path.
 
     Raises:
         ValueError: a missing tensor or one whose shape disagrees with ``config``, or
@@ -94,6 +121,7 @@ class LlamaModel:
         weights: Mapping[str, np.ndarray],
         quantized: Mapping[str, BlockQuantized] | None = None,
         activations: str = "float32",
+        fused_decode: bool = True,
     ) -> None:
         check_activations(activations)
         self.activations = activations
@@ -136,6 +164,10 @@ class LlamaModel:
                     down=matrix(p + "mlp.down_proj.weight"),
                 )
             )
+        fused = [layer.fused_args() for layer in self.layers]
+        self._fused: list[tuple[object, ...]] | None = None
+        if fused_decode and all(f is not None for f in fused):
+            self._fused = [f for f in fused if f is not None]
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, activations: str = "float32") -> LlamaModel:
@@ -237,7 +269,7 @@ class LlamaModel:
                 f"attention_mass: expected a decode batch and shape {batch.page_tables.shape}, "
                 f"got is_decode={batch.is_decode}, shape {attention_mass.shape}"
             )
-        T, nh, nkv, D = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
+        T, D = batch.num_tokens, c.head_dim
         ids = np.asarray(batch.input_ids)
         if T and (ids.min() < 0 or ids.max() >= c.vocab_size):
             raise ValueError(f"input_ids must be in [0, {c.vocab_size})")
@@ -248,6 +280,55 @@ class LlamaModel:
         split = AttentionSplit(batch)
         slots = plan_slots(batch.slot_mapping, T, kv.shape[2:])  # validated once, every layer
         x = self._embed(ids)  # (T, H)
+        if (
+            self._fused is not None
+            and 0 < T <= FUSED_MAX_ROWS
+            and split.decode_only
+            and sink_cos_sin is None
+            and attention_mass is None
+        ):
+            self._decode_layers(x, kv, cos, sin, slots, split.decode_plan(kv.shape[2:]))
+        else:
+            self._layers(x, kv, batch, split, slots, cos, sin, sink_cos_sin, attention_mass)
+        rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
+        rows = rms_norm(rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
+        return qmatmul(rows, self.lm_head, activations=self.activations)  # (num_outputs, V)
+
+    def _decode_layers(
+        self,
+        x: np.ndarray,
+        kv: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        slots: SlotPlan,
+        plan: DecodePlan,
+    ) -> None:
+        """Every layer of a decode step, one compiled call each (see :meth:`_layers`)."""
+        c = self.config
+        eps = np.float32(c.rms_norm_eps)
+        int8 = self.activations == "int8"
+        for li, weights in enumerate(self._fused or ()):
+            decode_layer(  # type: ignore[call-arg]
+                x, *weights[:2], eps, *weights[2:], int8, c.num_heads, cos, sin, slots.keep,
+                slots.pages, slots.offsets, kv[li, 0], kv[li, 1], plan.tables, plan.ctx,
+                plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
+            )  # fmt: skip
+
+    def _layers(
+        self,
+        x: np.ndarray,
+        kv: np.ndarray,
+        batch: ForwardBatch,
+        split: AttentionSplit,
+        slots: SlotPlan,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        sink_cos_sin: tuple[np.ndarray, np.ndarray] | None,
+        attention_mass: np.ndarray | None,
+    ) -> None:
+        """Every layer, one operation at a time (any batch), updating ``x`` (T, H) in place."""
+        c = self.config
+        T, nh, nkv, D = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
         act_mode = self.activations
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)  # (T, H)
@@ -271,6 +352,3 @@ class LlamaModel:
             gate_up = qmatmul(h, *layer.gate_up, activations=act_mode)  # (T, 2 I)
             act = silu_mul(gate_up)  # (T, I)
             x += qmatmul(act, layer.down, activations=act_mode)  # (T, H)
-        rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
-        rows = rms_norm(rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
-        return qmatmul(rows, self.lm_head)  # (num_outputs, V)

@@ -33,7 +33,9 @@ from pagedattn.model.block_dot import (
     qmatmul_blocks,
     qmatmul_tiled,
     quantize_activations,
+    quantize_activations_serial,
 )
+from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
 # bytes per block: f16 scale (+ f16 offset for Q4_1) and the codes (4-bit pairs or int8)
@@ -203,9 +205,9 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
-            Q4_0 / Q4_1 parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
+            block-quantized parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
             does (:func:`pagedattn.model.block_dot.qmatmul_blocks`): faster, within about 1% of
-            the exact result; Q8_0 and float parts stay exact.
+            the exact result; float parts stay exact.
 
     Returns:
         (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
@@ -228,7 +230,10 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((x.shape[0], k // BLOCK), np.float32)
             xs = np.empty_like(xd)
-            quantize_activations(x, xq, xd, xs)
+            quantize = (
+                quantize_activations_serial if len(x) <= SERIAL_MAX_ROWS else quantize_activations
+            )
+            quantize(x, xq, xd, xs)
             int8 = (xq, xd, xs)
     for w in parts:
         if w.shape[1] != k:
@@ -236,9 +241,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
     out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
 
     def in_registers(w: Matrix) -> bool:  # qmatmul_blocks: decode steps, and every int8 part
-        return isinstance(w, BlockQuantized) and (
-            x.shape[0] <= DECODE_MAX_ROWS or (int8 is not None and w.type_name != "Q8_0")
-        )
+        return isinstance(w, BlockQuantized) and (x.shape[0] <= DECODE_MAX_ROWS or int8 is not None)
 
     if len(parts) <= 3 and all(in_registers(w) for w in parts):
         _launch_blocks(x, int8, parts, out)  # q|k|v, gate|up: one launch

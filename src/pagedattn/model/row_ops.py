@@ -35,9 +35,10 @@ def _rms_norm_kernel(
 
 
 @numba.njit(cache=True, nogil=True)
-def _rms_norm_serial(
+def rms_norm_serial(
     x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
+    """``out = rms_norm(x)`` on the calling thread (x, out: (T, H) float32; weight: (H,))."""
     for t in range(x.shape[0]):
         _rms_norm_row(x[t], weight, eps, out[t])
 
@@ -95,7 +96,8 @@ def _silu_mul_kernel(gate_up: np.ndarray, out: np.ndarray) -> None:  # pragma: n
 
 
 @numba.njit(cache=True, nogil=True)
-def _silu_mul_serial(gate_up: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+def silu_mul_serial(gate_up: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """``out = silu(gate) * up`` on the calling thread (gate_up: (T, 2 I), out: (T, I))."""
     inter = out.shape[1]
     for t in range(out.shape[0]):
         _silu_mul_range(gate_up[t, :inter], gate_up[t, inter:], out[t])
@@ -119,7 +121,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         raise ValueError(f"x: expected (num_tokens, {weight.shape[0]}), got {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty_like(x)
-    kernel = _rms_norm_serial if x.shape[0] <= SERIAL_MAX_ROWS else _rms_norm_kernel
+    kernel = rms_norm_serial if x.shape[0] <= SERIAL_MAX_ROWS else _rms_norm_kernel
     kernel(x, np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps), out)
     return out
 
@@ -140,6 +142,6 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
         raise ValueError(f"gate_up: expected (num_tokens, 2 * intermediate), got {gate_up.shape}")
     gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)
-    kernel = _silu_mul_serial if out.shape[0] <= SERIAL_MAX_ROWS else _silu_mul_kernel
+    kernel = silu_mul_serial if out.shape[0] <= SERIAL_MAX_ROWS else _silu_mul_kernel
     kernel(gate_up, out)
     return out
