@@ -52,9 +52,9 @@ def _project(x, use_int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no
 @numba.njit(cache=True, nogil=True)
 def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     x,
+    eps,
     attn_norm,
     mlp_norm,
-    eps,
     bq,
     bk,
     bv,
@@ -85,8 +85,8 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 ):
     """``x += attention block; x += MLP block`` for the T (1 or 2) decode rows of ``x``.
 
-    x: (T, H) float32 residual stream, updated in place; attn_norm, mlp_norm: (H,) float32;
-    eps: float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
+    x: (T, H) float32 residual stream, updated in place; eps: float32; attn_norm, mlp_norm:
+    (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
     (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (Q4_0 = 0, Q4_1 = 1,
     Q8_0 = 2) as tuples for the fused launches; use_int8: int8 activations for 4-bit parts
     (every in_features a multiple of 32); cos, sin: (T, D/2) float32 RoPE tables; keep,

@@ -60,8 +60,9 @@ class _Layer:
     down: Matrix  # (H, I)
 
     def fused_args(self) -> tuple[object, ...] | None:
-        """The weights as :func:`~pagedattn.model.decode_layer.decode_layer` takes them (norms,
-        block rows and kinds), or None when a projection is not block-quantized."""
+        """The weights as :func:`~pagedattn.model.decode_layer.decode_layer` takes them after
+        ``x`` and ``eps`` (norms, block rows and kinds), or None when a projection is not
+        block-quantized."""
         q, k, v = self.qkv
         gate, up = self.gate_up
         mats = (q, k, v, self.o, gate, up, self.down)
@@ -90,7 +91,9 @@ class LlamaModel:
     SwiGLU loop per row, RoPE and the residual adds are elementwise, decode rows (sequences
     with one new token) always use :func:`paged_attention_decode` with splits chosen from the
     sequence's own length, and prefill rows use :func:`paged_attention_prefill`, whose tiles
-    hold rows of one sequence only. What does depend on scheduling: a prompt's results depend
+    hold rows of one sequence only; a decode step of up to ``FUSED_MAX_ROWS`` sequences runs
+    those same kernels, in the same order, one compiled call per layer
+    (:mod:`pagedattn.model.decode_layer`). What does depend on scheduling: a prompt's results depend
     on how it is cut into chunks (rows of a chunk share prefill tiles of 32 rows counted from
     the chunk's start), which the scheduler fixes from the prompt's own length.
 
@@ -309,7 +312,7 @@ class LlamaModel:
         int8 = self.activations == "int8"
         for li, weights in enumerate(self._fused or ()):
             decode_layer(  # type: ignore[call-arg]
-                x, *weights[:2], eps, *weights[2:], int8, c.num_heads, cos, sin, slots.keep,
+                x, eps, *weights, int8, c.num_heads, cos, sin, slots.keep,
                 slots.pages, slots.offsets, kv[li, 0], kv[li, 1], plan.tables, plan.ctx,
                 plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
             )  # fmt: skip
