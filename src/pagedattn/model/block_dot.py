@@ -460,13 +460,16 @@ def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-def _make_int8_dot(kind: int, rows: int) -> Any:
-    """Intrinsic (blocks, n0, xq, xd, xs, t) -> UniTuple(float32, rows):
-    out[t, n0 + r] from int8 activations ``xq`` (T, K), block scales ``xd`` and sums ``xs``
-    (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's ``ggml_vec_dot_q8_0_q8_0``: signed codes,
-    so ``vpmaddubsw`` takes ``|xq|`` and the codes with ``xq``'s sign (``vpsignb``); a product
-    pair is at most 2 * 127 * 127, below int16's limit, as ``|xq| <= 127``)."""
+def _make_int8_dot(kind: int, rows: int, cols: int) -> Any:
+    """Intrinsic (blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
+    ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
+    ``xd`` and sums ``xs`` (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
+    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so ``vpmaddubsw`` takes ``|xq|`` and the codes
+    with ``xq``'s sign (``vpsignb``); a product pair is at most 2 * 127 * 127, below int16's
+    limit, as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation
+    rows; every output is the same operations whatever ``rows`` and ``cols`` are."""
     size, header, _ = _LAYOUT[kind]
+    tile = rows * cols
 
     @intrinsic  # type: ignore[misc]
     def int8_dot(
@@ -476,29 +479,33 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
         xq: Any,
         xd: Any,
         xs: Any,
-        t: Any,
+        t0: Any,
     ) -> Any:
-        sig = types.UniTuple(types.float32, rows)(blocks, n0, xq, xd, xs, t)
+        sig = types.UniTuple(types.float32, tile)(blocks, n0, xq, xd, xs, t0)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
             b_arr, q_arr, d_arr, x_arr = (
                 _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
             )
-            n_first, t_row = args[1], args[5]
+            n_first, t_first = args[1], args[5]
             i64 = n_first.type
             ones = ir.Constant(_V16I16, [1] * 16)
-            accs = [ir.Constant(_V8F, [0.0] * 8)] * rows + [_F32(0.0)] * rows
+            accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [_F32(0.0)] * tile
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
-                xqv = builder.load(
-                    builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer()), align=1
-                )
-                # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
-                abs_xq = _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv, ir.IntType(1)(0)])
-                dx = builder.load(d_arr.ptr(builder, t_row, b))
-                sx = builder.load(x_arr.ptr(builder, t_row, b))
-                vec, off = list(accs[:rows]), list(accs[rows:])
+                xqv, abs_xq, dx, sx = [], [], [], []
+                for c in range(cols):
+                    t_row = builder.add(t_first, i64(c))
+                    q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer())
+                    xqv.append(builder.load(q_ptr, align=1))
+                    # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
+                    abs_xq.append(
+                        _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv[c], ir.IntType(1)(0)])
+                    )
+                    dx.append(builder.load(d_arr.ptr(builder, t_row, b)))
+                    sx.append(builder.load(x_arr.ptr(builder, t_row, b)))
+                vec, off = list(accs[:tile]), list(accs[tile:])
                 for r in range(rows):
                     n = builder.add(n_first, i64(r))
                     start = builder.mul(b, i64(size))
@@ -507,26 +514,34 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
                     _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
                     if kind == 2:
                         codes32 = builder.load(builder.bitcast(codes, _V32I8.as_pointer()), align=1)
-                        signed = _x86(builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv])
-                        pairs = _x86(
-                            builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [abs_xq, signed]
-                        )
                     else:
                         packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
                         lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
                         hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
                         codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
-                        pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv])
-                    quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
                     d, m = _scale_offset(builder, kind, block)
-                    ddx = _splat(builder, builder.fmul(d, dx), 8)
-                    vec[r] = _fma(builder, ddx, builder.sitofp(quads, _V8F), vec[r])
-                    if kind != 2:  # Q8_0 has no offset
-                        off[r] = _fma(builder, m, sx, off[r])
+                    for c in range(cols):
+                        i = r * cols + c
+                        if kind == 2:
+                            signed = _x86(
+                                builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv[c]]
+                            )
+                            pairs = _x86(
+                                builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [abs_xq[c], signed]
+                            )
+                        else:
+                            pairs = _x86(
+                                builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv[c]]
+                            )
+                        quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
+                        ddx = _splat(builder, builder.fmul(d, dx[c]), 8)
+                        vec[i] = _fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
+                        if kind != 2:  # Q8_0 has no offset
+                            off[i] = _fma(builder, m, sx[c], off[i])
                 return vec + off
 
             _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-            sums = [builder.fadd(_hsum(builder, accs[r]), accs[rows + r]) for r in range(rows)]
+            sums = [builder.fadd(_hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
             return context.make_tuple(builder, sig.return_type, sums)
 
         return sig, codegen
@@ -534,9 +549,21 @@ def _make_int8_dot(kind: int, rows: int) -> Any:
     return int8_dot
 
 
-_i8_q4_0_by4, _i8_q4_0_by1 = _make_int8_dot(0, DECODE_TILE), _make_int8_dot(0, 1)
-_i8_q4_1_by4, _i8_q4_1_by1 = _make_int8_dot(1, DECODE_TILE), _make_int8_dot(1, 1)
-_i8_q8_0_by4, _i8_q8_0_by1 = _make_int8_dot(2, DECODE_TILE), _make_int8_dot(2, 1)
+INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
+
+
+def _int8_tiles(kind: int) -> tuple[Any, Any, Any]:
+    """A kind's int8 tiles: DECODE_TILE output rows x INT8_COLS activation rows, x 1, and 1 x 1."""
+    return (
+        _make_int8_dot(kind, DECODE_TILE, INT8_COLS),
+        _make_int8_dot(kind, DECODE_TILE, 1),
+        _make_int8_dot(kind, 1, 1),
+    )
+
+
+_i8_q4_0_x2, _i8_q4_0_x1, _i8_q4_0_one = _int8_tiles(0)
+_i8_q4_1_x2, _i8_q4_1_x1, _i8_q4_1_one = _int8_tiles(1)
+_i8_q8_0_x2, _i8_q8_0_x1, _i8_q8_0_one = _int8_tiles(2)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -583,30 +610,62 @@ def quantize_activations_serial(
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _int8_tile(kind, blocks, n, xq, xd, xs, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t + c, n + r] at ``r * INT8_COLS + c`` (DECODE_TILE x INT8_COLS)."""
+    if kind == 0:
+        return _i8_q4_0_x2(blocks, n, xq, xd, xs, t)
+    if kind == 1:
+        return _i8_q4_1_x2(blocks, n, xq, xd, xs, t)
+    return _i8_q8_0_x2(blocks, n, xq, xd, xs, t)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _int8_col(kind, blocks, n, xq, xd, xs, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, n + r] at ``r`` (DECODE_TILE x 1)."""
+    if kind == 0:
+        return _i8_q4_0_x1(blocks, n, xq, xd, xs, t)
+    if kind == 1:
+        return _i8_q4_1_x1(blocks, n, xq, xd, xs, t)
+    return _i8_q8_0_x1(blocks, n, xq, xd, xs, t)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _int8_one(kind, blocks, n, xq, xd, xs, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, n]."""
+    if kind == 0:
+        return _i8_q4_0_one(blocks, n, xq, xd, xs, t)[0]
+    if kind == 1:
+        return _i8_q4_1_one(blocks, n, xq, xd, xs, t)[0]
+    return _i8_q8_0_one(blocks, n, xq, xd, xs, t)[0]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``."""
+    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
+    DECODE_TILE output rows by INT8_COLS activation rows, then the leftover rows one by one."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
-    for t in range(xq.shape[0]):
+    num_rows = xq.shape[0]
+    t = 0
+    while t < num_rows:
+        cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
         while n + DECODE_TILE <= n1:
-            if kind == 0:
-                r = _i8_q4_0_by4(blocks, n, xq, xd, xs, t)
-            elif kind == 1:
-                r = _i8_q4_1_by4(blocks, n, xq, xd, xs, t)
+            if cols == INT8_COLS:
+                r = _int8_tile(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    for c in range(INT8_COLS):
+                        out[t + c, col + n + i] = r[i * INT8_COLS + c]
             else:
-                r = _i8_q8_0_by4(blocks, n, xq, xd, xs, t)
-            for i in range(DECODE_TILE):
-                out[t, col + n + i] = r[i]
+                r1 = _int8_col(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    out[t, col + n + i] = r1[i]
             n += DECODE_TILE
         while n < n1:
-            if kind == 0:
-                out[t, col + n] = _i8_q4_0_by1(blocks, n, xq, xd, xs, t)[0]
-            elif kind == 1:
-                out[t, col + n] = _i8_q4_1_by1(blocks, n, xq, xd, xs, t)[0]
-            else:
-                out[t, col + n] = _i8_q8_0_by1(blocks, n, xq, xd, xs, t)[0]
+            for c in range(cols):
+                out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xs, t + c)
             n += 1
+        t += cols
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -635,7 +694,8 @@ def qmatmul_blocks(
 ) -> None:  # pragma: no cover - compiled
     """``out = x @ concat(b0, b1, b2)[:num_parts].T`` in one parallel launch over tasks of
     ROWS_PER_TASK output rows, each block decoded in registers and met by every row of ``x``
-    (decode steps; with ``use_int8``, every row count), DECODE_TILE output rows side by side.
+    (decode steps; with ``use_int8``, every row count), DECODE_TILE output rows side by side
+    (int8: by INT8_COLS rows of ``x``, each block's codes unpacked once for them).
 
     x: (T, K) float32; xq (T, K) int8, xd / xs (T, K / 32) float32 from
     :func:`quantize_activations` when ``use_int8`` (else unused, may be empty); b0..b2: block
