@@ -92,8 +92,7 @@ def warm_up(engine: LLMEngine, token_id: int) -> float:
     cache load.
 
     The prompt is shorter than a page (one token with pages of two or fewer), so nothing enters
-    the prefix cache; the request is
-    seeded, so the engine's random generator is not advanced.
+    the prefix cache; the request is seeded, so the engine's random generator is not advanced.
 
     Returns:
         The warm-up's wall time in seconds.

@@ -42,7 +42,7 @@ def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDA
 
     Chosen from each sequence's own length only (never the batch size or thread count), so a
     sequence's attention output is bitwise the same alone or inside any batch; the partial
-    partial states are merged by log-sum-exp in split order (as :func:`merge_states` does).
+    states are merged by log-sum-exp in split order (as :func:`merge_states` does).
 
     Args:
         context_lens: (num_seqs,) KV tokens of each sequence.
@@ -68,37 +68,6 @@ def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     zigzag[0::2] = order[:half]
     zigzag[1::2] = order[half:][::-1]
     return zigzag
-
-
-def run_decode_kernel(
-    q: F32Array,
-    q_sink: F32Array,
-    k_cache: F32Array,
-    v_cache: F32Array,
-    tables: npt.NDArray[np.int32],
-    ctx: npt.NDArray[np.int32],
-    splits: npt.NDArray[np.int32],
-    scale: np.float32,
-    window: int,
-    num_sink_tokens: int,
-    num_splits: int,
-) -> tuple[F32Array, F32Array]:
-    """Run the Numba decode kernel on validated, contiguous int32 / float32 arguments.
-
-    Returns ``(out, lse)``: float32 (num_seqs, num_heads, head_dim) and (num_seqs, num_heads).
-    The per-split partial states live in scratch that is only written where a sequence has
-    more than one split (``splits``, from :func:`decode_splits`; ``num_splits`` their max)."""
-    num_seqs, num_heads, head_dim = q.shape
-    scratch = num_splits if num_splits > 1 else 0
-    parts = np.empty((scratch, num_seqs, num_heads, head_dim), np.float32)
-    part_lse = np.empty((scratch, num_seqs, num_heads), np.float32)
-    out = np.empty((num_seqs, num_heads, head_dim), np.float32)
-    lse = np.empty((num_seqs, num_heads), np.float32)
-    paged_decode_numba.decode_kernel(
-        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink_tokens, parts,
-        part_lse, out, lse,
-    )  # fmt: skip
-    return out, lse
 
 
 def write_kv(
@@ -203,7 +172,7 @@ def paged_attention_decode(
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
     check_pages(tables, ctx, None, page_size, k_cache.shape[0], sliding_window, num_sink_tokens)
     splits = decode_splits(ctx, sliding_window)
-    out, lse = run_decode_kernel(
+    out, lse = paged_decode_numba.decode_attention(
         q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens,
         int(splits.max(initial=1)),
     )  # fmt: skip

@@ -334,3 +334,31 @@ def decode_kernel(
             s = row // num_heads
             if splits[s] > 1:
                 _merge_splits(parts, part_lse, splits[s], s, row % num_heads, out, lse)
+
+
+@njit(cache=True, nogil=True)
+def decode_attention(
+    q: np.ndarray,
+    q_sink: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    page_tables: np.ndarray,
+    context_lens: np.ndarray,
+    splits: np.ndarray,
+    scale: np.float32,
+    window: int,
+    num_sink: int,
+    num_splits: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_kernel` with its outputs and split scratch allocated here: ``(out, lse)``,
+    float32 (num_seqs, num_heads, head_dim) and (num_seqs, num_heads). ``num_splits`` is the
+    largest of ``splits``; the scratch is empty unless some sequence has two or more."""
+    num_seqs, num_heads, head_dim = q.shape
+    scratch = num_splits if num_splits > 1 else 0
+    parts = np.empty((scratch, num_seqs, num_heads, head_dim), np.float32)
+    part_lse = np.empty((scratch, num_seqs, num_heads), np.float32)
+    out = np.empty((num_seqs, num_heads, head_dim), np.float32)
+    lse = np.empty((num_seqs, num_heads), np.float32)
+    decode_kernel(q, q_sink, k_cache, v_cache, page_tables, context_lens, splits, scale, window,
+                  num_sink, parts, part_lse, out, lse)  # fmt: skip
+    return out, lse

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pagedattn.kernels.paged import decode_splits, run_decode_kernel
+from pagedattn.kernels import paged_decode_numba
+from pagedattn.kernels.paged import decode_splits
 from pagedattn.kernels.paged_checks import (
     CacheShape,
     IntArray,
@@ -161,7 +162,7 @@ def decode_planned(
     else:
         _check_rows("q_sink", q_sink, shape, "(num_seqs, num_heads, head_dim)")
         q_sink = np.ascontiguousarray(q_sink)
-    out, _ = run_decode_kernel(
+    out, _ = paged_decode_numba.decode_attention(
         q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale, plan.window,
         plan.num_sink_tokens, plan.num_splits,
     )  # fmt: skip

@@ -9,7 +9,7 @@ SwiGLU, down, both residual adds) in one call on arguments the caller validated 
 It calls the very kernels the step-by-step path calls, in the same order, on the same values
 (:func:`~pagedattn.model.block_dot.qmatmul_blocks` with the same parts and launch,
 ``quantize_activations_serial``, the row ops' serial kernels, RoPE's product-then-difference
-loop, ``scatter_kv``, ``decode_kernel`` with the step's flash-decoding splits), so its results
+loop, ``scatter_kv``, ``decode_attention`` with the step's flash-decoding splits), so its results
 are bitwise those of :meth:`pagedattn.model.llama.LlamaModel.forward`'s general path; the
 batch-invariance tests compare the two (a sequence alone takes this path, in a batch of three
 the general one). Fusion in the sense of llama.cpp's one graph per step (``llama_decode``),
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pagedattn.kernels.paged_decode_numba import decode_kernel
+from pagedattn.kernels.paged_decode_numba import decode_attention
 from pagedattn.kernels.rope import rope_into
 from pagedattn.kernels.write_kv_numba import scatter_kv
 from pagedattn.model.block_dot import (
@@ -111,15 +111,9 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     rope_into(q, cos, sin, q_rot)
     rope_into(k.reshape((rows, num_kv, head_dim)), cos, sin, k_rot)
     scatter_kv(keep, pages, offsets, k_rot, v, k_cache, v_cache)
-    scratch = num_splits if num_splits > 1 else 0
-    parts = np.empty((scratch, rows, num_heads, head_dim), np.float32)
-    part_lse = np.empty((scratch, rows, num_heads), np.float32)
-    attn = np.empty((rows, num_heads, head_dim), np.float32)
-    lse = np.empty((rows, num_heads), np.float32)
-    decode_kernel(
-        q_rot, q_rot, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink, parts,
-        part_lse, attn, lse,
-    )  # fmt: skip
+    attn, _ = decode_attention(
+        q_rot, q_rot, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink, num_splits
+    )
     o = np.empty((rows, hidden), np.float32)
     _project(attn.reshape((rows, q_width)), use_int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o)
     x += o
