@@ -149,6 +149,16 @@ def test_decode_split_whose_pages_are_all_absent_weighs_nothing(monkeypatch) -> 
     np.testing.assert_array_equal(lse[1], -np.inf)
 
 
+def test_split_counts_are_one_per_256_keys_capped_at_8_with_their_maximum() -> None:
+    # by hand: 255 keys -> 1 (at least one), 600 // 256 = 2, 5000 // 256 = 19 -> 8 (the cap)
+    splits, most = paged.split_counts(np.array([0, 255, 600, 5000], np.int32), None)
+    assert splits.dtype == np.int32 and splits.tolist() == [1, 1, 2, 8] and most == 8
+    splits, most = paged.split_counts(np.array([600, 5000], np.int64), 512)  # min(keys, W)
+    assert splits.tolist() == [2, 2] and most == 2
+    splits, most = paged.split_counts(np.zeros(0, np.int32), None)
+    assert splits.size == 0 and most == 1
+
+
 def test_write_kv_writes_exactly_the_given_slots() -> None:
     rng = np.random.default_rng(9)
     kc = np.zeros((3, 2, 4, 5), np.float32)

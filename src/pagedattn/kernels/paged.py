@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 from pagedattn.kernels import paged_decode_numba, paged_prefill_numba
 from pagedattn.kernels.paged_checks import (
@@ -36,6 +37,36 @@ SPLIT_MIN_KEYS = 256  # a decode split (flash-decoding) covers at least this man
 MAX_SPLITS = 8  # splits of one sequence's keys in decode
 
 
+@njit(cache=True, nogil=True)
+def _split_counts(
+    context_lens: IntArray, window: int, min_keys: int, max_splits: int
+) -> tuple[npt.NDArray[np.int32], int]:  # pragma: no cover - compiled
+    """(splits, their maximum, 1 when empty) of :func:`split_counts` in one compiled pass."""
+    splits = np.empty(context_lens.shape[0], np.int32)
+    most = 1
+    for s in range(context_lens.shape[0]):
+        keys = int(context_lens[s])
+        if window > 0:
+            keys = min(keys, window)
+        count = min(max(keys // min_keys, 1), max_splits)
+        splits[s] = count
+        most = max(most, count)
+    return splits, most
+
+
+def split_counts(
+    context_lens: IntArray, sliding_window: int | None
+) -> tuple[npt.NDArray[np.int32], int]:
+    """:func:`decode_splits` and their maximum (1 for no sequence), the kernel's split count.
+
+    Args:
+        context_lens: (num_seqs,) integer KV tokens of each sequence (validated: >= 0).
+        sliding_window: W >= 1, or None.
+    """
+    window = 0 if sliding_window is None else int(sliding_window)
+    return _split_counts(np.asarray(context_lens), window, SPLIT_MIN_KEYS, MAX_SPLITS)  # type: ignore[no-any-return]
+
+
 def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDArray[np.int32]:
     """How many key slices each sequence's decode attention is cut into (flash-decoding,
     Dao et al. 2023): one per SPLIT_MIN_KEYS keys it attends over, at most MAX_SPLITS.
@@ -51,12 +82,7 @@ def decode_splits(context_lens: IntArray, sliding_window: int | None) -> npt.NDA
     Returns:
         (num_seqs,) int32, each in [1, MAX_SPLITS].
     """
-    keys = np.asarray(context_lens)
-    if sliding_window is not None:
-        keys = np.minimum(keys, sliding_window)
-    # np.minimum / np.maximum: the same values as np.clip at a fraction of its call overhead
-    splits = np.minimum(np.maximum(keys // SPLIT_MIN_KEYS, 1), MAX_SPLITS)
-    return splits if splits.dtype == np.int32 else splits.astype(np.int32)
+    return split_counts(context_lens, sliding_window)[0]
 
 
 def _balanced_order(work: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -171,10 +197,10 @@ def paged_attention_decode(
     tables = int_array("page_tables", page_tables, (num_seqs, -1), "(num_seqs, max_pages_per_seq)")
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
     check_pages(tables, ctx, None, page_size, k_cache.shape[0], sliding_window, num_sink_tokens)
-    splits = decode_splits(ctx, sliding_window)
+    splits, num_splits = split_counts(ctx, sliding_window)
     out, lse = paged_decode_numba.decode_attention(
         q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens,
-        int(splits.max(initial=1)),
+        num_splits,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

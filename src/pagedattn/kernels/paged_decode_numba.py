@@ -110,13 +110,31 @@ def _attend(
             for pi in range(k0 // page_size, (k1 - 1) // page_size + 1):
                 page = table_row[pi]
                 base = pi * page_size
-                for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
+                t_lo, t_hi = max(k0 - base, 0), min(k1 - base, page_size)
+                if page < 0:  # absent page (evicted by the cache): its keys are not visible
+                    for h in range(group):
+                        for t in range(t_lo, t_hi):
+                            scores[h, base + t - key0] = NEG_INF
+                    continue
+                t4 = t_lo
+                while t4 + 4 <= t_hi:  # four K rows per pass: each q element loaded once for them
+                    t, j = t4, base + t4 - key0
+                    for h in range(group):  # the rows stay in L1 for every head of the group
+                        s0 = s1 = s2 = s3 = np.float32(0.0)
+                        for d in range(head_dim):
+                            qd = qv[r, h, d]
+                            s0 += qd * k_cache[page, g, t, d]
+                            s1 += qd * k_cache[page, g, t + 1, d]
+                            s2 += qd * k_cache[page, g, t + 2, d]
+                            s3 += qd * k_cache[page, g, t + 3, d]
+                        scores[h, j] = s0
+                        scores[h, j + 1] = s1
+                        scores[h, j + 2] = s2
+                        scores[h, j + 3] = s3
+                    t4 += 4
+                for t in range(t4, t_hi):
                     j = base + t - key0
-                    if page < 0:  # absent page (evicted by the cache): its keys are not visible
-                        for h in range(group):
-                            scores[h, j] = NEG_INF
-                        continue
-                    for h in range(group):  # K row t stays in L1 for every head of the group
+                    for h in range(group):
                         s = np.float32(0.0)
                         for d in range(head_dim):
                             s += qv[r, h, d] * k_cache[page, g, t, d]
@@ -144,7 +162,32 @@ def _attend(
                 if page < 0:
                     continue
                 base = pi * page_size
-                for t in range(max(k0 - base, 0), min(k1 - base, page_size)):
+                t8, t_hi = max(k0 - base, 0), min(k1 - base, page_size)
+                while t8 + 8 <= t_hi:  # eight V rows per pass: acc loaded and stored once for them
+                    t, j = t8, base + t8 - key0
+                    for h in range(group):
+                        e0, e1, e2, e3 = (
+                            scores[h, j],
+                            scores[h, j + 1],
+                            scores[h, j + 2],
+                            scores[h, j + 3],
+                        )
+                        e4, e5, e6, e7 = (
+                            scores[h, j + 4],
+                            scores[h, j + 5],
+                            scores[h, j + 6],
+                            scores[h, j + 7],
+                        )
+                        for d in range(head_dim):
+                            v0, v1 = v_cache[page, g, t, d], v_cache[page, g, t + 1, d]
+                            v2, v3 = v_cache[page, g, t + 2, d], v_cache[page, g, t + 3, d]
+                            v4, v5 = v_cache[page, g, t + 4, d], v_cache[page, g, t + 5, d]
+                            v6, v7 = v_cache[page, g, t + 6, d], v_cache[page, g, t + 7, d]
+                            acc[r, h, d] += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + (
+                                (e4 * v4 + e5 * v5) + (e6 * v6 + e7 * v7)
+                            )
+                    t8 += 8
+                for t in range(t8, t_hi):
                     j = base + t - key0
                     for h in range(group):
                         e = scores[h, j]

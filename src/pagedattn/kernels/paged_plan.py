@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_decode_numba
-from pagedattn.kernels.paged import decode_splits
+from pagedattn.kernels.paged import split_counts
 from pagedattn.kernels.paged_checks import (
     CacheShape,
     IntArray,
@@ -112,13 +112,13 @@ def plan_decode(
     num_seqs = tables.shape[0]
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
     check_pages(tables, ctx, None, page_size, num_pages, sliding_window, num_sink_tokens)
-    splits = decode_splits(ctx, sliding_window)
+    splits, num_splits = split_counts(ctx, sliding_window)
     scale = np.float32(1.0 / math.sqrt(head_dim))
     return DecodePlan(
         tables,
         ctx,
         splits,
-        int(splits.max(initial=1)),
+        num_splits,
         window,
         num_sink_tokens,
         scale,
