@@ -2,9 +2,10 @@
 # Issue 13's figures in one go, every peer in the same run (HF transformers from the test extra,
 # llama.cpp when llama-cpp-python is importable): the bench commands one after another, nothing
 # else running. Usage: benchmarks/issue13.sh [OUT_DIR]   (default: bench-out/)
-# About 25 minutes on 2 cores. The online comparison against llama-server and
-# `bench engine --llama-batched-bench` need llama.cpp's own tools (../shared/scripts/build-llama-cpp.sh)
-# and are run apart: see benchmarks/online/README.md.
+# About 25 minutes on 2 cores. With llama.cpp's own tools built (../shared/scripts/build-llama-cpp.sh,
+# never in CI), LLAMA_BATCHED_BENCH=.../llama-batched-bench adds llama.cpp's batched decoding to
+# `bench engine`, and LLAMA_SERVER=.../llama-server runs the online comparison
+# (benchmarks/online/compare.py) last, about 15 minutes more.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out}
@@ -16,5 +17,9 @@ $B bench generate --activations int8 --no-startup --json "$OUT/generate_int8.jso
   > "$OUT/generate_int8.txt" 2>&1
 $B bench kernels > "$OUT/kernels.txt" 2>&1
 $B bench engine --json "$OUT/engine.json" > "$OUT/engine.txt" 2>&1
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  ${PYTHON:-.venv/bin/python} benchmarks/online/compare.py --llama-server "$LLAMA_SERVER" \
+    --concurrency 1,8,32 --num-requests 32 --max-tokens 64 --threads 2 > "$OUT/online.txt" 2>&1
+fi
 { date; uptime; } >> "$OUT/meta.txt"
 echo "figures in $OUT/"
