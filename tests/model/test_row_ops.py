@@ -29,6 +29,35 @@ def test_rms_norm_matches_float64_and_is_row_invariant(seed: int, rows: int, hid
         assert np.array_equal(rms_norm(x[t : t + 1], weight, 1e-5)[0], out[t])
 
 
+def _rms_norm_in_documented_order(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """The float32 operations ``_rms_norm_row`` promises, one by one in NumPy: 16 lane sums of
+    squares in increasing index, lanes added by halving, then the scale and the weight."""
+    out = np.empty_like(x)
+    f32 = np.float32
+    for t, row in enumerate(x):
+        lanes = np.zeros(16, f32)
+        for h0 in range(0, row.size, 16):
+            chunk = row[h0 : h0 + 16]
+            lanes[: chunk.size] = lanes[: chunk.size] + chunk * chunk  # float32, elementwise
+        width = 16
+        while width > 1:
+            width //= 2
+            lanes[:width] = lanes[:width] + lanes[width : 2 * width]
+        inv = f32(1.0) / np.sqrt(lanes[0] / f32(row.size) + f32(eps))
+        out[t] = (row * inv) * weight
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 700))
+def test_rms_norm_is_bitwise_its_documented_order(seed: int, rows: int, hidden: int) -> None:
+    # A fixed order (no fast-math reduction) is what makes the result the same in every process,
+    # whether the kernel was compiled there or loaded from Numba's cache.
+    x = _rows(seed, rows, hidden, 3.0)
+    weight = _rows(seed + 1, 1, hidden, 1.0)[0]
+    assert np.array_equal(rms_norm(x, weight, 1e-5), _rms_norm_in_documented_order(x, weight, 1e-5))
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**31), st.integers(1, 9), st.integers(1, 600))
 def test_silu_mul_matches_float64_and_is_row_invariant(seed: int, rows: int, inter: int) -> None:

@@ -12,16 +12,38 @@ import numpy as np
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
 
+NORM_LANES = 16  # partial sums of the mean square: element h goes to lane h % NORM_LANES
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
+
+@numba.njit(error_model="numpy", cache=True, nogil=True)
 def _rms_norm_row(
     xt: np.ndarray, weight: np.ndarray, eps: np.float32, ot: np.ndarray
 ) -> None:  # pragma: no cover - compiled
+    """``ot = weight * xt / sqrt(mean(xt^2) + eps)`` in one fixed order of IEEE float32
+    operations (no fast-math): lane ``l`` sums ``xt[h]^2`` for ``h = l, l + 16, ...`` in
+    increasing ``h``, the lanes are added by halving (lane i += lane i + 8, + 4, + 2, + 1),
+    then ``inv = 1 / sqrt(total / hidden + eps)`` and ``ot[h] = (xt[h] * inv) * weight[h]``.
+
+    A fast-math sum left the order to LLVM's vectorizer, which chose differently depending on
+    the function that inlined this one and on whether that caller came from Numba's cache:
+    the same row could round differently in two processes, which the int8 path (activations
+    rounded to int8 codes) turned into logprob differences of 0.2."""
     hidden = xt.shape[0]
-    total = np.float32(0.0)
-    for h in range(hidden):
-        total += xt[h] * xt[h]
-    inv = np.float32(1.0) / np.sqrt(total / np.float32(hidden) + eps)
+    lanes = np.zeros(NORM_LANES, np.float32)
+    full = hidden - hidden % NORM_LANES
+    for h0 in range(0, full, NORM_LANES):
+        for lane in range(NORM_LANES):  # a constant trip count: two ymm (one zmm) per step
+            v = xt[h0 + lane]
+            lanes[lane] += v * v
+    for lane in range(hidden - full):
+        v = xt[full + lane]
+        lanes[lane] += v * v
+    width = NORM_LANES
+    while width > 1:
+        width //= 2
+        for lane in range(width):
+            lanes[lane] += lanes[lane + width]
+    inv = np.float32(1.0) / np.sqrt(lanes[0] / np.float32(hidden) + eps)
     for h in range(hidden):
         ot[h] = (xt[h] * inv) * weight[h]
 
