@@ -62,6 +62,8 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         ``output_len``, ``kv_cache_mib``, ``max_num_seqs``, ``page_size``, ``threads``,
         ``backend`` / ``device`` (default numpy).
     """
+    import gc
+
     import numba
 
     from pagedattn.bench.backends import worker_model
@@ -89,13 +91,21 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=int(args["output_len"]), ignore_eos=True)
     warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     prompts, shared = args["prompts"], args["shared_prompts"]
+
+    def run(prefix_caching: bool, batch: list[list[int]], p: Any, phase: str) -> dict[str, Any]:
+        figures = run_offline(engine(prefix_caching), batch, p, phase, progress)
+        # The engine's pool is freed before the next one is allocated (reference cycles would
+        # keep it until a later collection): the peak RSS is one engine's, not the sum.
+        gc.collect()
+        return figures
+
     # Warm-up (kernel compilation) on its own engine, so it leaves nothing in the prefix cache.
-    run_offline(engine(False), [prompts[0][:20], prompts[-1][:28]], warm, "warm-up", progress)
-    result: dict[str, Any] = {"main": run_offline(engine(True), prompts, params, "ours", progress)}
+    run(False, [prompts[0][:20], prompts[-1][:28]], warm, "warm-up")
+    result: dict[str, Any] = {"main": run(True, prompts, params, "ours")}
     if shared:
         for flag, name in ((True, "shared_on"), (False, "shared_off")):
             phase = f"ours shared prefix, caching {'on' if flag else 'off'}"
-            result[name] = run_offline(engine(flag), shared, params, phase, progress)
+            result[name] = run(flag, shared, params, phase)
     return result
 
 
