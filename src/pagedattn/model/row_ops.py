@@ -32,7 +32,7 @@ def _rms_norm_row(
     lanes = np.zeros(NORM_LANES, np.float32)
     full = hidden - hidden % NORM_LANES
     for h0 in range(0, full, NORM_LANES):
-        for lane in range(NORM_LANES):  # a constant trip count: two ymm (one zmm) per step
+        for lane in range(NORM_LANES):  # whole steps of 16; the tail below fills the first lanes
             v = xt[h0 + lane]
             lanes[lane] += v * v
     for lane in range(hidden - full):
