@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+# The same without reassociation: for sums whose order must not depend on how (or in which
+# process) LLVM compiled them.
+FASTMATH_ORDERED = {"nsz", "arcp", "contract"}
 NEG_INF = np.float32(-np.inf)
 LOG2E = np.float32(1.4426950408889634)
 LN2_HI = np.float32(0.693359375)

@@ -27,6 +27,7 @@ from pagedattn.kernels.numba_consts import (
     C6,
     C7,
     FASTMATH,
+    FASTMATH_ORDERED,
     LN2_HI,
     LN2_LO,
     LOG2E,
@@ -34,7 +35,7 @@ from pagedattn.kernels.numba_consts import (
 )
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(fastmath=FASTMATH_ORDERED, cache=True, nogil=True)
 def _exp_shifted(
     x: np.ndarray, bits: np.ndarray, fbits: np.ndarray, h: int, j0: int, j1: int, shift: np.float32
 ) -> np.float32:
@@ -44,17 +45,23 @@ def _exp_shifted(
     ln2 / 2``, ``exp(r)`` by its degree-7 Taylor polynomial (relative error < 1e-8) and ``2^k``
     built in the float32 exponent bits (Cody & Waite range reduction, as in Cephes ``expf``).
     ``v`` is clamped at -87, so a key far below the max weighs ~1e-38 instead of exactly 0.
+
+    The sum has one fixed order (no reassociation is allowed here): eight lane sums, lane ``l``
+    adding ``e[l], e[l + 8], ...`` of the whole groups of eight in increasing ``j``, the tail
+    added to lane 0 in increasing ``j``, then ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+    l7))``. Left to fast-math, the vectorizer chose the order, and a process that compiled this
+    kernel summed differently (by ~1e-9) from one that loaded it from Numba's cache.
     """
     # Row views indexed from 0: a loop from a runtime start would keep Numba's negative-index
     # wraparound in the address and block vectorisation.
+    n = j1 - j0
     xr, br, fr = x[h, j0:j1], bits[h, j0:j1], fbits[h, j0:j1]
-    for j in range(j1 - j0):
+    for j in range(n):
         v = max(xr[j] - shift, np.float32(-87.0))
         k = np.floor(v * LOG2E + np.float32(0.5))
         xr[j] = (v - k * LN2_HI) - k * LN2_LO
         br[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    total = np.float32(0.0)
-    for j in range(j1 - j0):
+    for j in range(n):
         r = xr[j]
         p = C7 * r + C6
         p = p * r + C5
@@ -63,10 +70,22 @@ def _exp_shifted(
         p = p * r + C2
         p = p * r + np.float32(1.0)
         p = p * r + np.float32(1.0)
-        e = p * fr[j]
-        xr[j] = e
-        total += e
-    return total
+        xr[j] = p * fr[j]
+    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = np.float32(0.0)
+    j = 0
+    while j + 8 <= n:
+        l0 += xr[j]
+        l1 += xr[j + 1]
+        l2 += xr[j + 2]
+        l3 += xr[j + 3]
+        l4 += xr[j + 4]
+        l5 += xr[j + 5]
+        l6 += xr[j + 6]
+        l7 += xr[j + 7]
+        j += 8
+    for t in range(j, n):
+        l0 += xr[t]
+    return ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
