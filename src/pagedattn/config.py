@@ -90,6 +90,7 @@ class ModelConfig:
 
 
 POSITION_MODES = ("absolute", "shifted")
+KV_CACHE_DTYPES = ("float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,12 @@ class CacheConfig:
     Attributes:
         page_size: tokens per page, >= 1.
         num_pages: pages in the pool, >= 1; None sizes the pool from ``kv_cache_mib``.
-        kv_cache_mib: KV memory budget in MiB (float32 K and V of every layer), used when
-            ``num_pages`` is None; None with ``num_pages`` None means 256 MiB.
+        kv_cache_mib: KV memory budget in MiB (K and V of every layer, in ``kv_cache_dtype``),
+            used when ``num_pages`` is None; None with ``num_pages`` None means 256 MiB.
+        kv_cache_dtype: storage dtype of the KV pool: ``"float32"`` (exact, the default) or
+            ``"float16"`` (half the bytes, so twice the pages per MiB and half the memory a
+            decode step streams; keys and values rounded to nearest-even when written, the
+            kernels still compute in float32; llama.cpp's default KV type). NumPy backend only.
         enable_prefix_caching: reuse full pages whose prefix hash matches (vLLM APC).
         sliding_window: W >= 1: a query at position p sees keys p - W < j <= p, and pages
             that leave the window are freed; None = full attention.
@@ -121,6 +126,7 @@ class CacheConfig:
     sliding_window: int | None = None
     num_sink_tokens: int = 0
     position_mode: str = "absolute"
+    kv_cache_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_size, int) or self.page_size < 1:
@@ -155,13 +161,21 @@ class CacheConfig:
             )
         if self.position_mode == "shifted" and self.sliding_window is None:
             raise ValueError("CacheConfig.position_mode 'shifted': needs sliding_window (got None)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"CacheConfig.kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
 
     def resolve_num_pages(self, model: ModelConfig) -> int:
-        """Pages in the pool: ``num_pages``, else the float32 KV budget over one page's bytes."""
+        """Pages in the pool: ``num_pages``, else the KV budget over one page's bytes (all
+        layers' K and V in ``kv_cache_dtype``)."""
         if self.num_pages is not None:
             return self.num_pages
         mib = 256.0 if self.kv_cache_mib is None else self.kv_cache_mib
-        page_bytes = model.num_layers * 2 * model.num_kv_heads * self.page_size * model.head_dim * 4
+        itemsize = 2 if self.kv_cache_dtype == "float16" else 4
+        elements = model.num_layers * 2 * model.num_kv_heads * self.page_size * model.head_dim
+        page_bytes = elements * itemsize
         num_pages = int(mib * 2**20) // page_bytes
         if num_pages < 1:
             raise ValueError(
@@ -246,7 +260,8 @@ class EngineConfig:
             :class:`pagedattn.model.llama.LlamaModel`).
 
     Raises:
-        ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store;
+        ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store, a
+            float16 KV cache on another backend than numpy;
             pagedattn.backends.BackendError (a ValueError): an unknown or invalid pair.
     """
 
@@ -270,6 +285,11 @@ class EngineConfig:
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ValueError(
                 f"EngineConfig.scheduler: expected a SchedulerConfig, got {self.scheduler!r}"
+            )
+        if self.cache.kv_cache_dtype != "float32" and self.backend != "numpy":
+            raise ValueError(
+                f"CacheConfig.kv_cache_dtype {self.cache.kv_cache_dtype!r}: the numpy backend "
+                f"only (got backend {self.backend!r})"
             )
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"EngineConfig.seed: expected an int >= 0, got {self.seed!r}")

@@ -88,6 +88,10 @@ def test_max_tokens_with_ignore_eos_gives_exactly_n_tokens_and_stats(
         (["--sinks", "4"], "error: --sinks: needs --sliding-window > 0"),
         (["--page-size", "0"], "error: --page-size: expected an int >= 1, got 0"),
         (
+            ["--kv-cache-dtype", "float8"],
+            "error: --kv-cache-dtype: expected one of ('float32', 'float16'), got 'float8'",
+        ),
+        (
             ["--model", "/no/such/model.gguf"],
             "error: model path /no/such/model.gguf does not exist",
         ),
@@ -115,9 +119,12 @@ def test_missing_model_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.model
-def test_real_model_knows_the_capital_of_france() -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+def test_real_model_knows_the_capital_of_france(kv_cache_dtype: str) -> None:
     prompt = "What is the capital of France? Answer in one sentence."
-    code, out, err = _generate(prompt, "--max-tokens", "24", "--stats")
+    code, out, err = _generate(
+        prompt, "--max-tokens", "24", "--stats", "--kv-cache-dtype", kv_cache_dtype
+    )
     assert code == 0, err
     assert "Paris" in out
     assert "cached prompt tokens: 0 of " in err

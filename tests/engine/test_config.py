@@ -19,6 +19,7 @@ from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
         ({"num_sink_tokens": 4}, "num_sink_tokens"),  # sinks need a window
         ({"position_mode": "relative"}, "position_mode"),
         ({"position_mode": "shifted"}, "position_mode"),  # shifted needs a window
+        ({"kv_cache_dtype": "bfloat16"}, "kv_cache_dtype"),
     ],
 )
 def test_cache_config_rejects(kwargs: dict[str, object], field: str) -> None:
@@ -47,6 +48,10 @@ def test_engine_config_and_kv_budget() -> None:
     model = tiny_config()  # 2 layers, 2 kv heads, head_dim 16: 2*2*2*16*16*4 = 8192 B a page
     assert CacheConfig(page_size=16, kv_cache_mib=1.0).resolve_num_pages(model) == 128
     assert CacheConfig(num_pages=7, kv_cache_mib=1.0).resolve_num_pages(model) == 7
+    half = CacheConfig(page_size=16, kv_cache_mib=1.0, kv_cache_dtype="float16")
+    assert half.resolve_num_pages(model) == 256  # 2 bytes an element: 4096 B a page
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'float16': the numpy backend only"):
+        EngineConfig(backend="torch", cache=half)
     with pytest.raises(ValueError, match="holds no page"):
         CacheConfig(kv_cache_mib=0.001).resolve_num_pages(model)
     cfg = CacheConfig(sliding_window=8, num_sink_tokens=4, position_mode="shifted")

@@ -1,6 +1,7 @@
 """The fused decode step (one compiled call per layer) is bitwise the step-by-step forward: the
-same logits and the same K/V written, on both activation paths, with flash-decoding splits, a
-sliding window and sink tokens; and it is the path a one- or two-sequence decode step takes."""
+same logits and the same K/V written, on both activation paths and KV dtypes, with
+flash-decoding splits, a sliding window and sink tokens; and it is the path a one- or
+two-sequence decode step takes."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def _batch(
     )
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("activations", ["float32", "int8"])
 @pytest.mark.parametrize(("window", "sinks"), [(None, 0), (7, 2)])
 def test_fused_decode_equals_the_step_by_step_forward(
@@ -59,6 +61,7 @@ def test_fused_decode_equals_the_step_by_step_forward(
     activations: str,
     window: int | None,
     sinks: int,
+    kv_dtype: str,
 ) -> None:
     if activations == "int8" and not host_has_avx2():
         pytest.skip("int8 activations need AVX2")
@@ -75,7 +78,7 @@ def test_fused_decode_equals_the_step_by_step_forward(
     vocab = loaded.config.vocab_size
     tokens = [rng.integers(0, vocab, n).tolist() for n in (22, 13)]
     tables = [rng.permutation(16)[:8], rng.permutation(np.arange(16, 32))[:8]]
-    kv = {m: np.zeros(fused.kv_shape(32, PAGE), np.float32) for m in ("fused", "plain")}
+    kv = {m: np.zeros(fused.kv_shape(32, PAGE), kv_dtype) for m in ("fused", "plain")}
     lens = [len(t) for t in tokens]
     prefill = _batch([(tokens[s], 0, tables[s]) for s in range(2)], window, sinks)
     for name, model in (("fused", fused), ("plain", plain)):

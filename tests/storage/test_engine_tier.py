@@ -38,11 +38,15 @@ def _page_kv(engine: LLMEngine, page_hash: bytes) -> bytes:
     return bytes(engine.page_pool.kv[:, :, page_id].tobytes())
 
 
-def test_fresh_engine_restores_pages_written_by_another(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+def test_fresh_engine_restores_pages_written_by_another(
+    tmp_path: Path, kv_cache_dtype: str
+) -> None:
     model = tiny_model()
-    scratch, cached = _run(_engine(model, None), PROMPT)
+    scratch, cached = _run(_engine(model, None, kv_cache_dtype=kv_cache_dtype), PROMPT)
     assert cached == 0
-    writer = _engine(model, str(tmp_path))
+    writer = _engine(model, str(tmp_path), kv_cache_dtype=kv_cache_dtype)
+    assert writer.page_pool.kv.dtype == np.dtype(kv_cache_dtype)
     assert _run(writer, PROMPT) == (scratch, 0)
     writer.kv_tier.flush()  # type: ignore[union-attr]
     stats = writer.get_stats()["kv_store"]
@@ -51,7 +55,7 @@ def test_fresh_engine_restores_pages_written_by_another(tmp_path: Path) -> None:
     hashes = prefix_page_hashes(PROMPT, PS, writer.namespace)
     written = [_page_kv(writer, h) for h in hashes]
 
-    reader = _engine(model, str(tmp_path))  # a restart: empty pool, same store
+    reader = _engine(model, str(tmp_path), kv_cache_dtype=kv_cache_dtype)  # a restart
     answer, cached = _run(reader, PROMPT)
     assert answer == scratch  # token-identical to the from-scratch answer
     assert cached == 36  # 9 full pages (the last prompt token is always computed)
@@ -85,6 +89,8 @@ def test_another_model_or_config_never_restores(tmp_path: Path) -> None:
     assert _run(reader, PROMPT) == (scratch, 0)
     windowed = _engine(tiny_model(), str(tmp_path), sliding_window=16)
     assert _run(windowed, PROMPT)[1] == 0
+    half = _engine(tiny_model(), str(tmp_path), kv_cache_dtype="float16")
+    assert _run(half, PROMPT)[1] == 0  # float32 pages never enter a float16 pool
 
 
 def test_kv_store_needs_prefix_caching(tmp_path: Path) -> None:

@@ -85,6 +85,8 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
             enable_prefix_caching=prefix_caching,
             backend=args.get("backend", "numpy"),
             device=args.get("device"),
+            activations=args.get("activations", "float32"),
+            kv_cache_dtype=args.get("kv_cache_dtype", "float32"),
         )
         return LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 

@@ -65,6 +65,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         backend=args.get("backend", "numpy"),
         device=args.get("device"),
         activations=args.get("activations", "float32"),
+        kv_cache_dtype=args.get("kv_cache_dtype", "float32"),
     )
     loaded = load_model(args.get("model"))
     model = worker_model(loaded, args)  # numpy: projections on the GGUF blocks

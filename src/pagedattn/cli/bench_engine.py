@@ -10,7 +10,12 @@ import typer
 
 from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ModelOption, cli_errors
+from pagedattn.cli.options import (
+    ActivationsOption,
+    KvCacheDtypeOption,
+    ModelOption,
+    cli_errors,
+)
 
 
 @bench_app.command("engine")
@@ -38,6 +43,8 @@ def bench_engine(
     seed: Annotated[int, typer.Option(help="Seed of the prompt sampling.")] = 0,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="Measure HF transformers too.")] = True,
     backend: BackendsOption = None,
+    activations: ActivationsOption = "float32",
+    kv_cache_dtype: KvCacheDtypeOption = "float32",
     llama_batched_bench: Annotated[
         str | None,
         typer.Option(
@@ -102,6 +109,8 @@ def bench_engine(
             "page_size": page_size,
             "batch_size": hf_batch_size,
             "pad_token_id": pad,
+            "activations": activations,
+            "kv_cache_dtype": kv_cache_dtype,
         }
         specs = bench_backends.parse_backends(backend)
         args.update(bench_backends.backend_args(specs[0]))

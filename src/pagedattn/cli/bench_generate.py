@@ -10,7 +10,7 @@ import typer
 
 from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ActivationsOption, ModelOption, cli_errors
+from pagedattn.cli.options import ActivationsOption, KvCacheDtypeOption, ModelOption, cli_errors
 
 
 @bench_app.command("generate")
@@ -29,6 +29,7 @@ def bench_generate(
     ] = True,
     backend: BackendsOption = None,
     activations: ActivationsOption = "float32",
+    kv_cache_dtype: KvCacheDtypeOption = "float32",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -63,6 +64,7 @@ def bench_generate(
             "output_len": output_len,
             "repeats": repeats,
             "activations": activations,
+            "kv_cache_dtype": kv_cache_dtype,
         }
         specs = bench_backends.parse_backends(backend)
         args.update(bench_backends.backend_args(specs[0]))
@@ -135,7 +137,7 @@ def bench_generate(
             bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
         )
     if hf:
-        console.print(_fidelity_table(results, f"ours ({activations})"))
+        console.print(_fidelity_table(results, f"ours ({activations}, KV {kv_cache_dtype})"))
     print_targets(console, GENERATE_TARGETS, results)
     console.print(cpu_line())
     console.print(

@@ -25,6 +25,7 @@ from pagedattn.cli.options import (
     BackendOption,
     DeviceOption,
     IgnoreEosOption,
+    KvCacheDtypeOption,
     KvCacheMibOption,
     KvStoreOption,
     MaxTokensOption,
@@ -163,6 +164,7 @@ def chat(
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
+    kv_cache_dtype: KvCacheDtypeOption = "float32",
     session: Annotated[
         str | None,
         typer.Option(
@@ -208,6 +210,7 @@ def chat(
             backend=backend,
             device=device,
             activations=activations,
+            kv_cache_dtype=kv_cache_dtype,
         )
         conversation = Conversation(engine.tokenizer, system)
         first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template

@@ -13,6 +13,7 @@ from pagedattn.cli.options import (
     BackendOption,
     DeviceOption,
     IgnoreEosOption,
+    KvCacheDtypeOption,
     KvCacheMibOption,
     KvStoreOption,
     MaxTokensOption,
@@ -65,6 +66,7 @@ def generate(
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
+    kv_cache_dtype: KvCacheDtypeOption = "float32",
     stats: StatsOption = False,
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
@@ -98,6 +100,7 @@ def generate(
             backend=backend,
             device=device,
             activations=activations,
+            kv_cache_dtype=kv_cache_dtype,
         )
         tokenizer = engine.tokenizer
         if raw:

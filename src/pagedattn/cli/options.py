@@ -44,7 +44,9 @@ PageSizeOption = Annotated[
 KvCacheMibOption = Annotated[
     float,
     typer.Option(
-        metavar="MIB", help="KV cache budget in MiB (float32 K and V).", rich_help_panel=ENGINE
+        metavar="MIB",
+        help="KV cache budget in MiB (K and V, in --kv-cache-dtype).",
+        rich_help_panel=ENGINE,
     ),
 ]
 NumPagesOption = Annotated[
@@ -115,6 +117,17 @@ ActivationsOption = Annotated[
         help="How the 4-bit projections meet their inputs: float32 (exact, the default) or int8 "
         "(quantized per 32-input block, as llama.cpp does: faster decoding, not exact; numpy "
         "backend, AVX2).",
+        rich_help_panel=ENGINE,
+    ),
+]
+KvCacheDtypeOption = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache-dtype",
+        metavar="float32|float16",
+        help="Storage of the KV pool: float32 (exact, the default) or float16 (half the memory "
+        "per token and per decode step, rounded to nearest-even, as llama.cpp's KV cache; numpy "
+        "backend).",
         rich_help_panel=ENGINE,
     ),
 ]
@@ -193,6 +206,7 @@ def build_engine(
     backend: str = "numpy",
     device: str | None = None,
     activations: str = "float32",
+    kv_cache_dtype: str = "float32",
 ) -> LLMEngine:
     """Load the model and build an engine from the shared engine options.
 
@@ -202,7 +216,8 @@ def build_engine(
             tokens, 0 = none; sinks: sink tokens; position_mode: "absolute" or "shifted";
             prefix_caching: enable the prefix cache; kv_store: the persistent tier (a
             directory or redis://HOST:PORT/DB) or None; backend, device: the array backend
-            (:mod:`pagedattn.backends`); activations: ``float32`` or ``int8``.
+            (:mod:`pagedattn.backends`); activations: ``float32`` or ``int8``; kv_cache_dtype:
+            ``float32`` or ``float16``.
 
     Raises:
         ValueError: a value the configs reject; FileNotFoundError: a missing model;
@@ -223,6 +238,7 @@ def build_engine(
         backend=backend,
         device=device,
         activations=activations,
+        kv_cache_dtype=kv_cache_dtype,
     )
     return LLMEngine.from_config(config)
 
@@ -269,6 +285,7 @@ FLAGS = {
     "page_size": "--page-size",
     "num_pages": "--num-pages",
     "kv_cache_mib": "--kv-cache-mib",
+    "kv_cache_dtype": "--kv-cache-dtype",
     "sliding_window": "--sliding-window",
     "num_sink_tokens": "--sinks",
     "position_mode": "--position-mode",

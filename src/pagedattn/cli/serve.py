@@ -12,6 +12,7 @@ from pagedattn.cli.options import (
     ActivationsOption,
     BackendOption,
     DeviceOption,
+    KvCacheDtypeOption,
     KvCacheMibOption,
     KvStoreOption,
     ModelOption,
@@ -85,6 +86,7 @@ def serve(
     backend: BackendOption = "numpy",
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
+    kv_cache_dtype: KvCacheDtypeOption = "float32",
     default_max_tokens: Annotated[
         int,
         typer.Option(
@@ -160,6 +162,7 @@ def serve(
             backend=backend,
             device=device,
             activations=activations,
+            kv_cache_dtype=kv_cache_dtype,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)

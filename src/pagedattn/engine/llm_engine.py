@@ -87,11 +87,11 @@ class LLMEngine:
             )
         self.page_pool = PagePool(
             mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
-            backend=self.backend,
+            dtype=np.dtype(cc.kv_cache_dtype), backend=self.backend,
         )  # fmt: skip
         namespace = cache_namespace(
             model_fingerprint=model_fingerprint,
-            dtype="float32",
+            dtype=cc.kv_cache_dtype,
             page_size=cc.page_size,
             num_layers=mc.num_layers,
             num_kv_heads=mc.num_kv_heads,

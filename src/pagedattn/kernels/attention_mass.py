@@ -16,6 +16,7 @@ import math
 import numba
 import numpy as np
 
+from pagedattn.kernels.kv_dtype import kernel_cache, load_f32
 from pagedattn.kernels.paged import F32Array
 from pagedattn.kernels.paged_checks import IntArray, check_array, check_caches, int_array
 
@@ -57,10 +58,10 @@ def _mass_kernel(
                     dot = 0.0
                     if j < num_sink_tokens:
                         for d in range(head_dim):
-                            dot += q_sink[s, h, d] * k_cache[pid, kvh, off, d]
+                            dot += q_sink[s, h, d] * load_f32(k_cache[pid, kvh, off, d])
                     else:
                         for d in range(head_dim):
-                            dot += q[s, h, d] * k_cache[pid, kvh, off, d]
+                            dot += q[s, h, d] * load_f32(k_cache[pid, kvh, off, d])
                     total += math.exp(scale * dot - lse[s, h])
             out[s, i] = total
 
@@ -82,7 +83,7 @@ def page_attention_mass(
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``, the queries given to
             :func:`pagedattn.kernels.paged_attention_decode`.
-        k_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``.
+        k_cache: float32 or float16 ``(num_pages, num_kv_heads, page_size, head_dim)``.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent (mass 0).
         context_lens: integer ``(num_seqs,)``.
         lse: float32 ``(num_seqs, num_heads)``, the decode kernel's log-sum-exp of the same step.
@@ -114,7 +115,7 @@ def page_attention_mass(
     _mass_kernel(
         np.ascontiguousarray(q),
         np.ascontiguousarray(q_sink),
-        k_cache,
+        kernel_cache(k_cache),
         tables,
         ctx,
         np.ascontiguousarray(lse),

@@ -1,6 +1,6 @@
 """Paged attention over the page pool: write_kv, decode and prefill (validated public API).
 
-The KV cache of one layer is a pair of float32 arrays
+The KV cache of one layer is a pair of float32 or float16 arrays (:mod:`~.kv_dtype`)
 ``(num_pages, num_kv_heads, page_size, head_dim)`` (views ``kv[layer, 0]`` and
 ``kv[layer, 1]`` of the pool); token ``j`` of a sequence lives at slot
 ``page_tables[s, j // page_size] * page_size + j % page_size`` (PagedAttention,
@@ -20,6 +20,7 @@ import numpy.typing as npt
 from numba import njit
 
 from pagedattn.kernels import paged_decode_numba, paged_prefill_numba
+from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged_checks import (
     IntArray,
     check_array,
@@ -107,7 +108,8 @@ def write_kv(
     """Store the new tokens' keys and values at their slots, in place.
 
     Args:
-        k_cache, v_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``, C-contiguous.
+        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
+            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
         k, v: float32 ``(num_tokens, num_kv_heads, head_dim)``.
         slot_mapping: integer ``(num_tokens,)``; slot = page_id * page_size + offset, in
             ``[0, num_pages * page_size)``; ``-1`` skips the token (padding).
@@ -123,7 +125,9 @@ def write_kv(
     check_array("k", k, expected, "(num_tokens, num_kv_heads, head_dim)")
     check_array("v", v, expected, "(num_tokens, num_kv_heads, head_dim)")
     plan = plan_slots(slot_mapping, num_tokens, (num_pages, num_kv_heads, page_size, head_dim))
-    scatter_kv(plan.keep, plan.pages, plan.offsets, k, v, k_cache, v_cache)
+    scatter_kv(
+        plan.keep, plan.pages, plan.offsets, k, v, kernel_cache(k_cache), kernel_cache(v_cache)
+    )
 
 
 def _common(
@@ -174,7 +178,8 @@ def paged_attention_decode(
 
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``; ``num_heads % num_kv_heads == 0``.
-        k_cache, v_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``, C-contiguous.
+        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
+            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` marks an absent page
             (evicted by the cache): its keys are not visible and it is never read.
         context_lens: integer ``(num_seqs,)``, KV tokens of each sequence including the new one
@@ -204,8 +209,8 @@ def paged_attention_decode(
     check_pages(tables, ctx, None, page_size, k_cache.shape[0], sliding_window, num_sink_tokens)
     splits, num_splits = split_counts(ctx, sliding_window)
     out, lse = paged_decode_numba.decode_attention(
-        q, q_sink, k_cache, v_cache, tables, ctx, splits, scale32, window, num_sink_tokens,
-        num_splits,
+        q, q_sink, kernel_cache(k_cache), kernel_cache(v_cache), tables, ctx, splits, scale32,
+        window, num_sink_tokens, num_splits,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -231,7 +236,8 @@ def paged_attention_prefill(
 
     Args:
         q: float32 ``(num_tokens, num_heads, head_dim)``, the new tokens of all sequences, flat.
-        k_cache, v_cache: float32 ``(num_pages, num_kv_heads, page_size, head_dim)``, C-contiguous.
+        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
+            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent page, as in
             :func:`paged_attention_decode`.
         query_start_loc: integer ``(num_seqs + 1,)``, non-decreasing, from 0 to ``num_tokens``.
@@ -292,8 +298,8 @@ def paged_attention_prefill(
     paged_prefill_numba.prefill_kernel(
         q,
         q_sink,
-        k_cache,
-        v_cache,
+        kernel_cache(k_cache),
+        kernel_cache(v_cache),
         tables,
         qsl,
         ctx,

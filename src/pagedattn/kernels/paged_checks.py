@@ -35,6 +35,7 @@ def _shape_ok(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
 
 
 _F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
 _I32 = np.dtype(np.int32)
 
 
@@ -66,12 +67,13 @@ def int_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> npt.N
 
 
 def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
-    """Validate the K/V cache pair; return (num_pages, num_kv_heads, page_size, head_dim)."""
+    """Validate the K/V cache pair (float32, or float16 both); return (num_pages, num_kv_heads,
+    page_size, head_dim). Hand the kernels :func:`~pagedattn.kernels.kv_dtype.kernel_cache`."""
     if (  # the common case in one expression (a decode call pays for every check)
         type(k_cache) is np.ndarray
         and type(v_cache) is np.ndarray
-        and k_cache.dtype == _F32
-        and v_cache.dtype == _F32
+        and (k_cache.dtype == _F32 or k_cache.dtype == _F16)
+        and v_cache.dtype == k_cache.dtype
         and k_cache.ndim == 4
         and v_cache.shape == k_cache.shape
         and k_cache.flags.c_contiguous
@@ -82,8 +84,14 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
     if not isinstance(k_cache, np.ndarray) or k_cache.ndim != 4:
         shape = getattr(k_cache, "shape", type(k_cache).__name__)
         raise ValueError(f"k_cache: expected {CACHE_SHAPE}, got {shape}")
-    check_array("k_cache", k_cache, tuple(k_cache.shape), CACHE_SHAPE)
-    check_array("v_cache", v_cache, tuple(k_cache.shape), CACHE_SHAPE)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        dtype = getattr(c, "dtype", type(c).__name__)
+        if not isinstance(c, np.ndarray) or dtype not in (_F32, _F16):
+            raise ValueError(f"{name}: expected float32 or float16 {CACHE_SHAPE}, got {dtype}")
+        if c.dtype != k_cache.dtype:
+            raise ValueError(f"{name}: expected {k_cache.dtype} like k_cache, got {c.dtype}")
+        if c.shape != k_cache.shape:
+            raise ValueError(f"{name}: expected {CACHE_SHAPE} = {k_cache.shape}, got {c.shape}")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not c.flags.c_contiguous:
             raise ValueError(f"{name}: expected a C-contiguous {CACHE_SHAPE} array (a pool view)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from pagedattn.kernels.kv_dtype import load_f32
 from pagedattn.kernels.numba_consts import (
     BLOCK_KEYS,
     C2,
@@ -142,10 +143,10 @@ def _attend(
                         s0 = s1 = s2 = s3 = np.float32(0.0)
                         for d in range(head_dim):
                             qd = qv[r, h, d]
-                            s0 += qd * k_cache[page, g, t, d]
-                            s1 += qd * k_cache[page, g, t + 1, d]
-                            s2 += qd * k_cache[page, g, t + 2, d]
-                            s3 += qd * k_cache[page, g, t + 3, d]
+                            s0 += qd * load_f32(k_cache[page, g, t, d])
+                            s1 += qd * load_f32(k_cache[page, g, t + 1, d])
+                            s2 += qd * load_f32(k_cache[page, g, t + 2, d])
+                            s3 += qd * load_f32(k_cache[page, g, t + 3, d])
                         scores[h, j] = s0
                         scores[h, j + 1] = s1
                         scores[h, j + 2] = s2
@@ -156,7 +157,7 @@ def _attend(
                     for h in range(group):
                         s = np.float32(0.0)
                         for d in range(head_dim):
-                            s += qv[r, h, d] * k_cache[page, g, t, d]
+                            s += qv[r, h, d] * load_f32(k_cache[page, g, t, d])
                         scores[h, j] = s
             for h in range(group):
                 block_max = NEG_INF
@@ -198,10 +199,22 @@ def _attend(
                             scores[h, j + 7],
                         )
                         for d in range(head_dim):
-                            v0, v1 = v_cache[page, g, t, d], v_cache[page, g, t + 1, d]
-                            v2, v3 = v_cache[page, g, t + 2, d], v_cache[page, g, t + 3, d]
-                            v4, v5 = v_cache[page, g, t + 4, d], v_cache[page, g, t + 5, d]
-                            v6, v7 = v_cache[page, g, t + 6, d], v_cache[page, g, t + 7, d]
+                            v0, v1 = (
+                                load_f32(v_cache[page, g, t, d]),
+                                load_f32(v_cache[page, g, t + 1, d]),
+                            )
+                            v2, v3 = (
+                                load_f32(v_cache[page, g, t + 2, d]),
+                                load_f32(v_cache[page, g, t + 3, d]),
+                            )
+                            v4, v5 = (
+                                load_f32(v_cache[page, g, t + 4, d]),
+                                load_f32(v_cache[page, g, t + 5, d]),
+                            )
+                            v6, v7 = (
+                                load_f32(v_cache[page, g, t + 6, d]),
+                                load_f32(v_cache[page, g, t + 7, d]),
+                            )
                             acc[r, h, d] += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + (
                                 (e4 * v4 + e5 * v5) + (e6 * v6 + e7 * v7)
                             )
@@ -211,7 +224,7 @@ def _attend(
                     for h in range(group):
                         e = scores[h, j]
                         for d in range(head_dim):
-                            acc[r, h, d] += e * v_cache[page, g, t, d]
+                            acc[r, h, d] += e * load_f32(v_cache[page, g, t, d])
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)

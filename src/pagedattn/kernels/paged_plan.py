@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_decode_numba
+from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged import split_counts
 from pagedattn.kernels.paged_checks import (
     CacheShape,
@@ -38,10 +39,16 @@ __all__ = ["SlotPlan", "decode_planned", "plan_decode", "plan_slots", "write_kv_
 
 def _check_cache_pair(k_cache: F32Array, v_cache: F32Array, shape: CacheShape) -> None:
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.shape != shape or c.dtype != np.float32 or not c.flags.c_contiguous:
+        if (
+            c.shape != shape
+            or c.dtype not in (np.float32, np.float16)
+            or c.dtype != k_cache.dtype
+            or not c.flags.c_contiguous
+        ):
             raise ValueError(
-                f"{name}: expected C-contiguous float32 (num_pages, num_kv_heads, page_size, "
-                f"head_dim) = {shape} (the planned pool), got {c.dtype} {c.shape}"
+                f"{name}: expected C-contiguous float32 or float16 (both) (num_pages, "
+                f"num_kv_heads, page_size, head_dim) = {shape} (the planned pool), got "
+                f"{c.dtype} {c.shape}"
             )
 
 
@@ -58,7 +65,7 @@ def write_kv_planned(
 
     Args:
         plan: from :func:`plan_slots` for this pool shape.
-        k_cache, v_cache: float32 ``plan.cache_shape``, C-contiguous.
+        k_cache, v_cache: float32 or float16 (both) ``plan.cache_shape``, C-contiguous.
         k, v: float32 (num_tokens, num_kv_heads, head_dim).
 
     Raises:
@@ -68,7 +75,9 @@ def write_kv_planned(
     shape = (plan.keep.shape[0], plan.cache_shape[1], plan.cache_shape[3])
     _check_rows("k", k, shape, "(num_tokens, num_kv_heads, head_dim)")
     _check_rows("v", v, shape, "(num_tokens, num_kv_heads, head_dim)")
-    scatter_kv(plan.keep, plan.pages, plan.offsets, k, v, k_cache, v_cache)
+    scatter_kv(
+        plan.keep, plan.pages, plan.offsets, k, v, kernel_cache(k_cache), kernel_cache(v_cache)
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ def decode_planned(
     Args:
         plan: from :func:`plan_decode`.
         q: float32 (num_seqs, num_heads, head_dim); q_sink: None or like ``q``.
-        k_cache, v_cache: float32 ``plan.cache_shape``, C-contiguous.
+        k_cache, v_cache: float32 or float16 (both) ``plan.cache_shape``, C-contiguous.
 
     Returns:
         float32 (num_seqs, num_heads, head_dim).
@@ -163,8 +172,8 @@ def decode_planned(
         _check_rows("q_sink", q_sink, shape, "(num_seqs, num_heads, head_dim)")
         q_sink = np.ascontiguousarray(q_sink)
     out, _ = paged_decode_numba.decode_attention(
-        q, q_sink, k_cache, v_cache, plan.tables, plan.ctx, plan.splits, plan.scale, plan.window,
-        plan.num_sink_tokens, plan.num_splits,
+        q, q_sink, kernel_cache(k_cache), kernel_cache(v_cache), plan.tables, plan.ctx,
+        plan.splits, plan.scale, plan.window, plan.num_sink_tokens, plan.num_splits,
     )  # fmt: skip
     result: F32Array = out
     return result

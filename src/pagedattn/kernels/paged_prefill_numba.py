@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from pagedattn.kernels.kv_dtype import load_f32
 from pagedattn.kernels.numba_consts import (
     BLOCK_KEYS,
     C2,
@@ -80,14 +81,23 @@ def _score_page(
         s0, s1, s2, s3 = st[j0 + i], st[j0 + i + 1], st[j0 + i + 2], st[j0 + i + 3]
         for d in range(0, head_dim - 3, 4):
             q0, q1, q2, q3 = qT[d], qT[d + 1], qT[d + 2], qT[d + 3]
-            a0, a1 = k_cache[page, g, t, d], k_cache[page, g, t, d + 1]
-            a2, a3 = k_cache[page, g, t, d + 2], k_cache[page, g, t, d + 3]
-            b0, b1 = k_cache[page, g, t + 1, d], k_cache[page, g, t + 1, d + 1]
-            b2, b3 = k_cache[page, g, t + 1, d + 2], k_cache[page, g, t + 1, d + 3]
-            c0, c1 = k_cache[page, g, t + 2, d], k_cache[page, g, t + 2, d + 1]
-            c2, c3 = k_cache[page, g, t + 2, d + 2], k_cache[page, g, t + 2, d + 3]
-            e0, e1 = k_cache[page, g, t + 3, d], k_cache[page, g, t + 3, d + 1]
-            e2, e3 = k_cache[page, g, t + 3, d + 2], k_cache[page, g, t + 3, d + 3]
+            a0, a1 = load_f32(k_cache[page, g, t, d]), load_f32(k_cache[page, g, t, d + 1])
+            a2, a3 = load_f32(k_cache[page, g, t, d + 2]), load_f32(k_cache[page, g, t, d + 3])
+            b0, b1 = load_f32(k_cache[page, g, t + 1, d]), load_f32(k_cache[page, g, t + 1, d + 1])
+            b2, b3 = (
+                load_f32(k_cache[page, g, t + 1, d + 2]),
+                load_f32(k_cache[page, g, t + 1, d + 3]),
+            )
+            c0, c1 = load_f32(k_cache[page, g, t + 2, d]), load_f32(k_cache[page, g, t + 2, d + 1])
+            c2, c3 = (
+                load_f32(k_cache[page, g, t + 2, d + 2]),
+                load_f32(k_cache[page, g, t + 2, d + 3]),
+            )
+            e0, e1 = load_f32(k_cache[page, g, t + 3, d]), load_f32(k_cache[page, g, t + 3, d + 1])
+            e2, e3 = (
+                load_f32(k_cache[page, g, t + 3, d + 2]),
+                load_f32(k_cache[page, g, t + 3, d + 3]),
+            )
             for lane in range(lanes):
                 x0, x1, x2, x3 = q0[lane], q1[lane], q2[lane], q3[lane]
                 s0[lane] += (x0 * a0 + x1 * a1) + (x2 * a2 + x3 * a3)
@@ -98,7 +108,7 @@ def _score_page(
         t = t0 + i
         s = st[j0 + i]
         for d in range(0 if i >= n - n % 4 else head_dim - head_dim % 4, head_dim):
-            kd = k_cache[page, g, t, d]
+            kd = load_f32(k_cache[page, g, t, d])
             qd = qT[d]
             for lane in range(lanes):
                 s[lane] += qd[lane] * kd
@@ -122,10 +132,10 @@ def _value_page(
         s0, s1, s2, s3 = st[j0 + i], st[j0 + i + 1], st[j0 + i + 2], st[j0 + i + 3]
         s4, s5, s6, s7 = st[j0 + i + 4], st[j0 + i + 5], st[j0 + i + 6], st[j0 + i + 7]
         for d in range(head_dim):
-            v0, v1 = v_cache[page, g, t, d], v_cache[page, g, t + 1, d]
-            v2, v3 = v_cache[page, g, t + 2, d], v_cache[page, g, t + 3, d]
-            v4, v5 = v_cache[page, g, t + 4, d], v_cache[page, g, t + 5, d]
-            v6, v7 = v_cache[page, g, t + 6, d], v_cache[page, g, t + 7, d]
+            v0, v1 = load_f32(v_cache[page, g, t, d]), load_f32(v_cache[page, g, t + 1, d])
+            v2, v3 = load_f32(v_cache[page, g, t + 2, d]), load_f32(v_cache[page, g, t + 3, d])
+            v4, v5 = load_f32(v_cache[page, g, t + 4, d]), load_f32(v_cache[page, g, t + 5, d])
+            v6, v7 = load_f32(v_cache[page, g, t + 6, d]), load_f32(v_cache[page, g, t + 7, d])
             a = acc[d]
             for lane in range(lanes):
                 a[lane] += ((s0[lane] * v0 + s1[lane] * v1) + (s2[lane] * v2 + s3[lane] * v3)) + (
@@ -134,7 +144,7 @@ def _value_page(
     for i in range(n - n % 8, n):
         s = st[j0 + i]
         for d in range(head_dim):
-            vd = v_cache[page, g, t0 + i, d]
+            vd = load_f32(v_cache[page, g, t0 + i, d])
             a = acc[d]
             for lane in range(lanes):
                 a[lane] += s[lane] * vd

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pagedattn.kernels.kv_dtype import store_as
+
 
 @njit(cache=True, nogil=True)
 def scatter_kv(
@@ -32,6 +34,6 @@ def scatter_kv(
             page, offset = pages[i], offsets[i]
             for h in range(k.shape[1]):
                 for d in range(k.shape[2]):
-                    k_cache[page, h, offset, d] = k[t, h, d]
-                    v_cache[page, h, offset, d] = v[t, h, d]
+                    k_cache[page, h, offset, d] = store_as(k[t, h, d], k_cache)
+                    v_cache[page, h, offset, d] = store_as(v[t, h, d], v_cache)
             i += 1

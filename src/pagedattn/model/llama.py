@@ -20,6 +20,7 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.attention_mass import page_attention_mass
+from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged import paged_attention_decode
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
@@ -188,9 +189,11 @@ class LlamaModel:
         c = self.config
         expected = (c.num_layers, 2, c.num_kv_heads, c.head_dim)
         got = (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[5]) if kv.ndim == 6 else None
-        if got != expected or kv.dtype != np.float32 or not kv.flags.c_contiguous:
+        dtype_ok = kv.dtype == np.float32 or kv.dtype == np.float16
+        if got != expected or not dtype_ok or not kv.flags.c_contiguous:
             raise ValueError(
-                f"kv: expected C-contiguous float32 (num_layers={c.num_layers}, 2, num_pages, "
+                f"kv: expected C-contiguous float32 or float16 (num_layers={c.num_layers}, 2, "
+                "num_pages, "
                 f"num_kv_heads={c.num_kv_heads}, page_size, head_dim={c.head_dim}), "
                 f"got {kv.dtype} {kv.shape}"
             )
@@ -247,8 +250,8 @@ class LlamaModel:
 
         Args:
             batch: the flat batch (input_ids, positions, slot_mapping, page_tables, ...).
-            kv: (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim) float32 pool;
-                updated in place at ``batch.slot_mapping``.
+            kv: (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim) float32 or float16
+                pool; updated in place at ``batch.slot_mapping``.
             attention_mass: opt-in (H2O eviction, :mod:`pagedattn.kernels.attention_mass`):
                 float32 ``batch.page_tables.shape``, to which a decode step adds, per page, the
                 softmax mass its keys received, summed over heads and layers. None (the
@@ -310,10 +313,11 @@ class LlamaModel:
         c = self.config
         eps = np.float32(c.rms_norm_eps)
         int8 = self.activations == "int8"
+        pool = kernel_cache(kv)  # float16 pools as their uint16 bits
         for li, weights in enumerate(self._fused or ()):
             decode_layer(  # type: ignore[call-arg]
                 x, eps, *weights, int8, c.num_heads, cos, sin, slots.keep,
-                slots.pages, slots.offsets, kv[li, 0], kv[li, 1], plan.tables, plan.ctx,
+                slots.pages, slots.offsets, pool[li, 0], pool[li, 1], plan.tables, plan.ctx,
                 plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
             )  # fmt: skip
 

@@ -1,0 +1,88 @@
+"""The KV pool's storage dtype as the Numba kernels see it: float32, or float16 held as uint16.
+
+The kernels always compute in float32. A float16 pool (half the bytes of float32, the default of
+llama.cpp's KV cache, ``--cache-type-k f16``) halves what a decode step streams from memory;
+keys and values are rounded to nearest-even when written and widened exactly when read.
+
+Numba has no float16 type, so a float16 pool reaches the kernels as its uint16 bits
+(:func:`kernel_cache`), and two intrinsics convert with LLVM's ``fpext`` / ``fptrunc`` on
+``half``: on x86 with F16C (every AVX2 CPU) these are the ``vcvtph2ps`` / ``vcvtps2ph``
+instructions, vectorised like any other load. Inside a kernel, :func:`load_f32` widens one
+element of either kind of pool and :func:`store_as` narrows a float32 to the element type of a
+given pool, so one kernel source serves both dtypes (Numba compiles one specialisation each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
+
+KV_DTYPES = ("float32", "float16")
+_F16 = np.dtype(np.float16)
+
+
+def kernel_cache(cache: np.ndarray) -> np.ndarray:
+    """The array a Numba kernel takes for a validated pool view: float32 as is, float16 as its
+    uint16 bits (the same memory, no copy)."""
+    return cache.view(np.uint16) if cache.dtype == _F16 else cache
+
+
+@intrinsic
+def _half_bits_to_f32(typingctx: Any, bits: types.Type) -> Any:
+    """float32 value of the IEEE half whose bits are ``bits`` (uint16): exact."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _f32_to_half_bits(typingctx: Any, value: types.Type) -> Any:
+    """Bits (uint16) of ``value`` (float32) rounded to the nearest IEEE half, ties to even;
+    beyond the half range +-inf, NaN stays NaN."""
+    if value != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+def load_f32(element: Any) -> Any:  # pragma: no cover - replaced by the overload in kernels
+    """float32 value of one pool element (float32 as is, uint16 = float16 bits widened)."""
+    raise NotImplementedError("load_f32 is only callable from Numba kernels")
+
+
+def store_as(value: Any, cache: Any) -> Any:  # pragma: no cover - replaced by the overload
+    """``value`` (float32) as an element of ``cache``'s dtype (uint16: float16 bits)."""
+    raise NotImplementedError("store_as is only callable from Numba kernels")
+
+
+# The overloads' parameters carry no annotations: Numba requires the typing function's
+# signature to equal its implementations' (the lambdas), annotations included.
+@overload(load_f32, inline="always")
+def _load_f32(element):  # type: ignore[no-untyped-def]
+    if element == types.float32:
+        return lambda element: element
+    if element == types.uint16:
+        return lambda element: _half_bits_to_f32(element)  # type: ignore[call-arg]
+    raise TypingError(f"load_f32: a KV pool holds float32 or uint16 (float16 bits), got {element}")
+
+
+@overload(store_as, inline="always")
+def _store_as(value, cache):  # type: ignore[no-untyped-def]
+    dtype = getattr(cache, "dtype", None)
+    if dtype == types.float32:
+        return lambda value, cache: np.float32(value)
+    if dtype == types.uint16:
+        return lambda value, cache: _f32_to_half_bits(np.float32(value))  # type: ignore[call-arg]
+    raise TypingError(f"store_as: a KV pool holds float32 or uint16 (float16 bits), got {cache}")
