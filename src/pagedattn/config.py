@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from pagedattn.backends import validate_backend
 
 # How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
@@ -173,9 +175,8 @@ class CacheConfig:
         if self.num_pages is not None:
             return self.num_pages
         mib = 256.0 if self.kv_cache_mib is None else self.kv_cache_mib
-        itemsize = 2 if self.kv_cache_dtype == "float16" else 4
         elements = model.num_layers * 2 * model.num_kv_heads * self.page_size * model.head_dim
-        page_bytes = elements * itemsize
+        page_bytes = elements * np.dtype(self.kv_cache_dtype).itemsize
         num_pages = int(mib * 2**20) // page_bytes
         if num_pages < 1:
             raise ValueError(

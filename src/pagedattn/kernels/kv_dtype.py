@@ -22,7 +22,6 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 
-KV_DTYPES = ("float32", "float16")
 _F16 = np.dtype(np.float16)
 
 

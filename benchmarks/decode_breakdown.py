@@ -1,0 +1,153 @@
+"""Where a single-stream decode step's time goes, interleaved with llama.cpp in one process.
+
+    .venv/bin/python benchmarks/decode_breakdown.py --context 512 [--kv-cache-dtype float16]
+        [--activations int8] [--rounds 25]
+
+Each round times, one after the other (so every figure sees the same machine phase):
+
+* ``step``: one engine step of a greedy request whose context is ``--context`` tokens (the
+  fused decode path, sampling and detokenization included);
+* ``matmuls``: the step's 211 projections alone (every layer's q|k|v, o, gate|up, down on one
+  row, then the LM head), on the model's own GGUF blocks;
+* ``attention``: decode attention alone, 30 calls over 30 distinct random pools of that context
+  (each layer's KV in its own memory, as in the step: streamed from DRAM, not from cache);
+* ``llama.cpp``: one ``llama_eval`` of one token at the same context, same GGUF and threads
+  (when ``llama_cpp`` is importable).
+
+Medians over the rounds, in ms; ``other`` is the step minus matmuls and attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numba
+import numpy as np
+
+from pagedattn.bench.corpus import corpus_token_ids
+from pagedattn.engine.llm import LLM
+from pagedattn.kernels.kv_dtype import kernel_cache
+from pagedattn.kernels.paged import split_counts
+from pagedattn.kernels.paged_decode_numba import decode_attention
+from pagedattn.model.decode_layer import _project
+from pagedattn.model.quantized import qmatmul
+from pagedattn.model.registry import embedded_model_path
+from pagedattn.sampling_params import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--kv-cache-dtype", default="float32", choices=("float32", "float16"))
+    parser.add_argument("--activations", default="float32", choices=("float32", "int8"))
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    numba.set_num_threads(args.threads)
+    ctx = args.context
+    llm = LLM(
+        page_size=16,
+        num_pages=math.ceil((ctx + 4 * args.rounds + 16) / 16) + 8,
+        kv_cache_dtype=args.kv_cache_dtype,
+        activations=args.activations,
+        enable_prefix_caching=False,
+    )
+    engine = llm.engine
+    model = engine.runner.model
+    prompt = corpus_token_ids(engine.tokenizer, None, ctx)[:ctx]
+    params = SamplingParams(temperature=0, max_tokens=4 * args.rounds + 8, ignore_eos=True)
+    engine.add_request(prompt, params)
+    for _ in range(3):  # the prefill, then two decode steps
+        engine.step()
+
+    int8 = args.activations == "int8"
+    layers = [layer.fused_args() for layer in model.layers]
+    hidden, inter = model.config.hidden_size, model.layers[0].gate_up[0].shape[0]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    act = rng.standard_normal((1, inter)).astype(np.float32)
+    qkv = np.empty((1, model.layers[0].qkv[0].shape[0] + 2 * model.layers[0].qkv[1].shape[0]))
+    qkv = qkv.astype(np.float32)
+    o_out = np.empty((1, hidden), np.float32)
+    gate_up = np.empty((1, 2 * inter), np.float32)
+
+    def matmuls() -> None:
+        for w in layers:
+            assert w is not None
+            _, _, bq, bk, bv, qkv_kinds, bo, o_kind, bg, bu, gu_kinds, bd, d_kind = w
+            _project(x, int8, bq, bk, bv, qkv_kinds, 3, qkv)
+            _project(x, int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o_out)
+            _project(x, int8, bg, bu, bu, (gu_kinds[0], gu_kinds[1], gu_kinds[1]), 2, gate_up)
+            _project(act, int8, bd, bd, bd, (d_kind, d_kind, d_kind), 1, o_out)
+        qmatmul(x, model.lm_head, activations=args.activations)
+
+    c = model.config
+    pages = math.ceil(ctx / 16)
+    shape = (pages, c.num_kv_heads, 16, c.head_dim)
+    pools = [
+        tuple(
+            kernel_cache((rng.random(shape, dtype=np.float32) - 0.5).astype(args.kv_cache_dtype))
+            for _ in range(2)
+        )
+        for _ in range(c.num_layers)
+    ]
+    tables = rng.permutation(pages).astype(np.int32)[None, :]
+    lens = np.array([ctx], np.int32)
+    q = rng.standard_normal((1, c.num_heads, c.head_dim), dtype=np.float32)
+    splits, num_splits = split_counts(lens, None)
+    scale = np.float32(1 / math.sqrt(c.head_dim))
+
+    def attention() -> None:
+        for k, v in pools:
+            decode_attention(q, q, k, v, tables, lens, splits, scale, 0, 0, num_splits)
+
+    timers: dict[str, Callable[[], object]] = {
+        "step": engine.step,
+        "matmuls": matmuls,
+        "attention": attention,
+    }
+    try:
+        from pagedattn.bench.llamacpp import _last_logits, _load
+
+        peer, _ = _load(
+            {"threads": args.threads, "model_path": embedded_model_path()},
+            ctx + 4 * args.rounds + 64,
+        )
+        peer.reset()
+        peer.eval(list(prompt))
+        token = [int(np.argmax(_last_logits(peer)))]
+
+        def llama_cpp() -> None:
+            peer.eval([token[0]])
+            token[0] = int(np.argmax(_last_logits(peer)))
+
+        timers["llama.cpp"] = llama_cpp
+    except ImportError:
+        pass
+    for fn in timers.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(args.rounds):
+        for name, fn in timers.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    ms["other"] = ms["step"] - ms["matmuls"] - ms["attention"]
+    print(
+        f"context {ctx}, KV {args.kv_cache_dtype}, activations {args.activations}, "
+        f"{args.threads} threads, median of {args.rounds} interleaved rounds (ms):"
+    )
+    for name in ("step", "matmuls", "attention", "other", "llama.cpp"):
+        if name in ms:
+            print(f"  {name:10s} {ms[name]:7.2f}")
+    if "llama.cpp" in ms:
+        print(f"  ours / llama.cpp tok/s: {ms['llama.cpp'] / ms['step']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
