@@ -70,8 +70,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, hidden)).astype(np.float32)
     act = rng.standard_normal((1, inter)).astype(np.float32)
-    qkv = np.empty((1, model.layers[0].qkv[0].shape[0] + 2 * model.layers[0].qkv[1].shape[0]))
-    qkv = qkv.astype(np.float32)
+    qkv_width = model.layers[0].qkv[0].shape[0] + 2 * model.layers[0].qkv[1].shape[0]
+    qkv = np.empty((1, qkv_width), np.float32)
     o_out = np.empty((1, hidden), np.float32)
     gate_up = np.empty((1, 2 * inter), np.float32)
 

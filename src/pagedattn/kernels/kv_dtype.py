@@ -23,6 +23,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 
 _F16 = np.dtype(np.float16)
+POOL_DTYPES = (np.dtype(np.float32), _F16)  # what a KV pool may hold, float32 first
 
 
 def kernel_cache(cache: np.ndarray) -> np.ndarray:

@@ -179,7 +179,7 @@ def paged_attention_decode(
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``; ``num_heads % num_kv_heads == 0``.
         k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
-            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
+            head_dim)``, C-contiguous; float16 is widened to float32 exactly.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` marks an absent page
             (evicted by the cache): its keys are not visible and it is never read.
         context_lens: integer ``(num_seqs,)``, KV tokens of each sequence including the new one
@@ -237,7 +237,7 @@ def paged_attention_prefill(
     Args:
         q: float32 ``(num_tokens, num_heads, head_dim)``, the new tokens of all sequences, flat.
         k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
-            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
+            head_dim)``, C-contiguous; float16 is widened to float32 exactly.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent page, as in
             :func:`paged_attention_decode`.
         query_start_loc: integer ``(num_seqs + 1,)``, non-decreasing, from 0 to ``num_tokens``.

@@ -11,6 +11,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from pagedattn.kernels.kv_dtype import POOL_DTYPES
+
 IntArray = npt.NDArray[np.integer[Any]]
 CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
 CACHE_SHAPE = "(num_pages, num_kv_heads, page_size, head_dim)"
@@ -35,7 +37,6 @@ def _shape_ok(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
 
 
 _F32 = np.dtype(np.float32)
-_F16 = np.dtype(np.float16)
 _I32 = np.dtype(np.int32)
 
 
@@ -72,7 +73,7 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
     if (  # the common case in one expression (a decode call pays for every check)
         type(k_cache) is np.ndarray
         and type(v_cache) is np.ndarray
-        and (k_cache.dtype == _F32 or k_cache.dtype == _F16)
+        and k_cache.dtype in POOL_DTYPES
         and v_cache.dtype == k_cache.dtype
         and k_cache.ndim == 4
         and v_cache.shape == k_cache.shape
@@ -86,7 +87,7 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
         raise ValueError(f"k_cache: expected {CACHE_SHAPE}, got {shape}")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         dtype = getattr(c, "dtype", type(c).__name__)
-        if not isinstance(c, np.ndarray) or dtype not in (_F32, _F16):
+        if not isinstance(c, np.ndarray) or dtype not in POOL_DTYPES:
             raise ValueError(f"{name}: expected float32 or float16 {CACHE_SHAPE}, got {dtype}")
         if c.dtype != k_cache.dtype:
             raise ValueError(f"{name}: expected {k_cache.dtype} like k_cache, got {c.dtype}")

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_decode_numba
-from pagedattn.kernels.kv_dtype import kernel_cache
+from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache
 from pagedattn.kernels.paged import split_counts
 from pagedattn.kernels.paged_checks import (
     CacheShape,
@@ -41,7 +41,7 @@ def _check_cache_pair(k_cache: F32Array, v_cache: F32Array, shape: CacheShape) -
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (
             c.shape != shape
-            or c.dtype not in (np.float32, np.float16)
+            or c.dtype not in POOL_DTYPES
             or c.dtype != k_cache.dtype
             or not c.flags.c_contiguous
         ):

@@ -20,7 +20,7 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.attention_mass import page_attention_mass
-from pagedattn.kernels.kv_dtype import kernel_cache
+from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache
 from pagedattn.kernels.paged import paged_attention_decode
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
@@ -189,12 +189,10 @@ class LlamaModel:
         c = self.config
         expected = (c.num_layers, 2, c.num_kv_heads, c.head_dim)
         got = (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[5]) if kv.ndim == 6 else None
-        dtype_ok = kv.dtype == np.float32 or kv.dtype == np.float16
-        if got != expected or not dtype_ok or not kv.flags.c_contiguous:
+        if got != expected or kv.dtype not in POOL_DTYPES or not kv.flags.c_contiguous:
             raise ValueError(
                 f"kv: expected C-contiguous float32 or float16 (num_layers={c.num_layers}, 2, "
-                "num_pages, "
-                f"num_kv_heads={c.num_kv_heads}, page_size, head_dim={c.head_dim}), "
+                f"num_pages, num_kv_heads={c.num_kv_heads}, page_size, head_dim={c.head_dim}), "
                 f"got {kv.dtype} {kv.shape}"
             )
 
