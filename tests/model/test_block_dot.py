@@ -22,7 +22,7 @@ def _case(qtype: Q, out: int, blocks: int, rows: int, seed: int):  # type: ignor
 
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.integers(1, 70),  # across TILE_T and ROWS_PER_TILE tails
+    rows=st.integers(1, 70),  # across TILE_T tails
     out=st.integers(1, 40),  # across DECODE_TILE, TILE_N and ROWS_PER_TASK tails
     blocks=st.integers(1, 6),
     qtype=st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0]),

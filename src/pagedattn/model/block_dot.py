@@ -45,7 +45,6 @@ BLOCK = 32
 LANES = 16  # float32 accumulator lanes per (output, input row): one zmm, or two ymm
 STEPS = BLOCK // LANES  # accumulator steps per block
 ROWS_PER_TASK = 16  # output rows one thread owns
-ROWS_PER_TILE = 32  # activation rows applied to a task's rows while they sit in L1
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
 TILE_N = 2  # output rows per register tile
 TILE_T = 3  # activation rows per register tile (scratch kernel)
@@ -375,30 +374,35 @@ def _num_tasks(rows):  # type: ignore[no-untyped-def]  # pragma: no cover
 @numba.njit(cache=True, nogil=True, inline="always")
 def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, n0 + i] = dot(w[r0 + i], x[t]) for i < count and every t, in register tiles of
-    TILE_N rows of w by TILE_T rows of x, ROWS_PER_TILE rows of x per pass."""
+    TILE_N rows of w by TILE_T rows of x: each group of TILE_T rows of x meets all ``count``
+    rows of w while it sits in L1, so x is read from memory once per task and w (one task's
+    rows: 37 KB at 576 inputs) cycles through L1 / L2."""
     num_rows = x.shape[0]
-    for t0 in range(0, num_rows, ROWS_PER_TILE):
-        t1 = min(num_rows, t0 + ROWS_PER_TILE)
+    t = 0
+    while t + TILE_T <= num_rows:
         r = 0
         while r + TILE_N <= count:
-            n = n0 + r
-            t = t0
-            while t + TILE_T <= t1:
-                s = _scratch_tile(w, r0 + r, x, t)
-                for i in range(TILE_N):
-                    for c in range(TILE_T):
-                        out[t + c, n + i] = s[i * TILE_T + c]
-                t += TILE_T
-            while t < t1:
-                s1 = _scratch_col(w, r0 + r, x, t)
-                for i in range(TILE_N):
-                    out[t, n + i] = s1[i]
-                t += 1
+            s = _scratch_tile(w, r0 + r, x, t)
+            for i in range(TILE_N):
+                for c in range(TILE_T):
+                    out[t + c, n0 + r + i] = s[i * TILE_T + c]
             r += TILE_N
         while r < count:
-            for t in range(t0, t1):
-                out[t, n0 + r] = _scratch_one(w, r0 + r, x, t)[0]
+            for c in range(TILE_T):
+                out[t + c, n0 + r] = _scratch_one(w, r0 + r, x, t + c)[0]
             r += 1
+        t += TILE_T
+    while t < num_rows:
+        r = 0
+        while r + TILE_N <= count:
+            s1 = _scratch_col(w, r0 + r, x, t)
+            for i in range(TILE_N):
+                out[t, n0 + r + i] = s1[i]
+            r += TILE_N
+        while r < count:
+            out[t, n0 + r] = _scratch_one(w, r0 + r, x, t)[0]
+            r += 1
+        t += 1
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -407,8 +411,8 @@ def qmatmul_tiled(
 ) -> None:  # pragma: no cover - compiled
     """out[t, n] = dot(x[t], decoded row n), bitwise equal to :func:`qmatmul_blocks`: each task
     decodes its ROWS_PER_TASK rows once into a float32 scratch, then meets every activation row,
-    TILE_N outputs by TILE_T rows per register tile, ROWS_PER_TILE rows of x per pass (they
-    stay in L2 while the task's rows cycle through L1)."""
+    TILE_N outputs by TILE_T rows per register tile, TILE_T rows of x at a time
+    (:func:`_apply_rows`)."""
     num_in = x.shape[1]
     num_out = blocks.shape[0]
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
