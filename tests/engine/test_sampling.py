@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedattn.engine.sampler import make_generator, sample, sampling_probs
+from pagedattn.engine.sampler import make_generator, sample, sample_each, sampling_probs
 from pagedattn.sampling_params import SamplingParams
 
 
@@ -106,3 +106,27 @@ def test_sample_rejects_bad_shapes() -> None:
         sample(np.zeros(5, np.float32), [SamplingParams()], [make_generator(0)])
     with pytest.raises(ValueError, match="2 entries"):
         sample(np.zeros((2, 5), np.float32), [SamplingParams()], [make_generator(0)])
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({7: np.nan}, "NaN or +inf"),
+        ({0: np.nan, 3: 9.0}, "NaN or +inf"),  # NaN before a larger logit
+        ({5: np.inf}, "NaN or +inf"),
+        ({i: -np.inf for i in range(10)}, "every token id is masked"),
+    ],
+)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_bad_row_fails_alone_and_the_others_are_sampled(
+    bad: dict[int, float], message: str, temperature: float
+) -> None:
+    logits = np.zeros((3, 10), np.float32)
+    logits[:, 4] = 5.0  # rows 0 and 2: token 4 is the argmax
+    for i, v in bad.items():
+        logits[1, i] = v
+    params = [SamplingParams(temperature=0.0, max_tokens=1)] * 3
+    params[1] = SamplingParams(temperature=temperature, max_tokens=1)
+    ids, errors = sample_each(logits, params, [make_generator(0)] * 3)
+    assert ids.tolist() == [4, -1, 4]
+    assert list(errors) == [1] and message in errors[1]

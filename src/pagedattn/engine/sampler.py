@@ -174,12 +174,15 @@ def sample_each(
 def _sample_row(
     row: npt.NDArray[np.floating], params: SamplingParams, gen: np.random.Generator
 ) -> int:
-    if np.isnan(row).any() or np.isposinf(row).any():
+    # One pass: argmax stops at the first NaN, and a +inf or an all -inf row is its maximum.
+    best = int(np.argmax(row))
+    top = row[best]
+    if np.isnan(top) or top == np.inf:
         raise ValueError("the logits row holds NaN or +inf")
-    if not np.isfinite(row).any():
+    if top == -np.inf:
         raise ValueError("every token id is masked (all logits are -inf)")
     if params.greedy:
-        return int(np.argmax(row))
+        return best
     p = sampling_probs(row, params)
     cdf = np.cumsum(p)
     u = gen.random() * cdf[-1]
