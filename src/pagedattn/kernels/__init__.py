@@ -4,6 +4,11 @@
 ``paged_attention_prefill`` run over the page pool; ``merge_states`` combines partial states.
 """
 
+# First, before any kernel is decorated: stamps the package's cached kernels (numba_cache.py).
+from pagedattn.kernels import numba_cache  # noqa: F401
+
+# isort: split
+
 from pagedattn.kernels.gomp import start_numba_threads
 from pagedattn.kernels.merge import merge_states
 from pagedattn.kernels.paged import (

@@ -1,0 +1,104 @@
+"""Numba's cache is stamped with the package's kernel sources (kernels/numba_cache.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pagedattn.kernels import numba_cache
+
+CALLER = """
+import numba
+from pkg.kernels.callee import g
+
+@numba.njit(cache=True)
+def f():
+    return g() + 1
+"""
+CALLEE = """
+import numba
+from pkg.kernels.consts import STEP
+
+@numba.njit(cache=True)
+def g():
+    return {value} * STEP
+"""
+RUN = """
+import sys
+from pathlib import Path
+from pagedattn.kernels import numba_cache
+numba_cache.install(Path(sys.argv[1]) / "pkg")
+from pkg.kernels.caller import f
+print(f(), sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()))
+"""
+
+
+def _package(tmp_path: Path, value: int, step: int) -> None:
+    kernels = tmp_path / "pkg" / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    for name in ("__init__.py", "../__init__.py"):
+        (kernels / name).touch()
+    (kernels / "caller.py").write_text(CALLER)
+    (kernels / "callee.py").write_text(CALLEE.format(value=value))
+    (kernels / "consts.py").write_text(f"STEP = {step}\n")
+
+
+def _run(tmp_path: Path) -> tuple[int, int, int]:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    value, hits, misses = done.stdout.split()
+    return int(value), int(hits), int(misses)
+
+
+def test_an_edit_of_a_callee_or_a_constant_recompiles_its_cached_caller(tmp_path: Path) -> None:
+    """Numba alone stamps ``f`` with caller.py's mtime and size: after the callee's or the
+    constants' edit it would load ``f`` with the old ``g`` compiled in and print 2 again."""
+    _package(tmp_path, value=1, step=1)
+    assert _run(tmp_path) == (2, 0, 1)  # compiled
+    assert _run(tmp_path) == (2, 1, 0)  # loaded from the cache
+    _package(tmp_path, value=5, step=1)  # the callee changes, caller.py is untouched
+    assert _run(tmp_path)[0] == 6
+    _package(tmp_path, value=5, step=3)  # a constant the callee reads
+    assert _run(tmp_path)[0] == 16
+    assert _run(tmp_path) == (16, 1, 0)  # and the new code is cached in turn
+
+
+def test_the_stamp_covers_the_compiled_folders_and_not_other_files(tmp_path: Path) -> None:
+    _package(tmp_path, value=1, step=1)
+    root = tmp_path / "pkg"
+    caller = str(root / "kernels" / "caller.py")
+    before = numba_cache.source_stamp(caller, root)
+    numba_cache._folders_digest.cache_clear()
+    (root / "kernels" / "consts.py").write_text("STEP = 2\n")
+    assert numba_cache.source_stamp(caller, root) != before
+    assert numba_cache.source_stamp(__file__, root) is None  # outside the package: Numba's
+    (root / "server.py").write_text("x = 1\n")  # a folder Numba does not compile
+    stamp = numba_cache.source_stamp(caller, root)
+    numba_cache._folders_digest.cache_clear()
+    (root / "server.py").write_text("x = 2\n")
+    assert numba_cache.source_stamp(caller, root) == stamp
+
+
+def test_every_cached_kernel_of_the_package_is_stamped() -> None:
+    """install() runs before any kernel is decorated (pagedattn.kernels imports it first)."""
+    from numba.core.registry import CPUDispatcher
+
+    import pagedattn.bench.kernels
+    import pagedattn.model.decode_layer
+    import pagedattn.model.quantized  # noqa: F401
+
+    found = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("pagedattn."):
+            continue
+        for obj in vars(module).values():
+            if isinstance(obj, CPUDispatcher) and obj._cache.__class__.__name__ != "NullCache":
+                locator = obj._cache._impl._locator
+                assert type(locator).__name__.startswith("Stamped"), (name, obj.__name__)
+                found += 1
+    assert found >= 40
