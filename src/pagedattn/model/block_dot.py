@@ -40,6 +40,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
+from pagedattn.kernels.simd_ir import (
+    Arr2D,
+    carried_loop,
+    fma,
+    hsum,
+    load_vector,
+    mask,
+    prefetch,
+    splat,
+)
 
 BLOCK = 32
 LANES = 16  # float32 accumulator lanes per (output, input row): one zmm, or two ymm
@@ -58,62 +68,8 @@ _I32 = ir.IntType(32)
 _VF = ir.VectorType(_F32, LANES)
 
 
-def _mask(indices: range | list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(_I32, len(indices)), list(indices))
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, lanes: int = LANES) -> ir.Value:
-    """<lanes x float> of the float32 ``value``."""
-    one = builder.insert_element(ir.Constant(ir.VectorType(_F32, 1), ir.Undefined), value, _I32(0))
-    return builder.shuffle_vector(one, one, _mask([0] * lanes))
-
-
-def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    """a * b + c, rounded once (``llvm.fma``), on float32 scalars or vectors."""
-    ty = a.type
-    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
-    return builder.call(fn, [a, b, c])
-
-
-def _prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
-    """Hint the cache line at ``ptr`` into L1 (``llvm.prefetch``; never faults)."""
-    i8p = _I8.as_pointer()
-    fnty = ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(ptr, i8p), _I32(0), _I32(3), _I32(1)])
-
-
-def _hsum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """The lanes of float vector ``v`` summed by halving: lane i += lane i + width/2 until one
-    is left (plain, ordered fadds)."""
-    width = v.type.count
-    while width > 1:
-        width //= 2
-        v = builder.fadd(
-            builder.shuffle_vector(v, v, _mask(range(width))),
-            builder.shuffle_vector(v, v, _mask(range(width, 2 * width))),
-        )
-    return builder.extract_element(v, _I32(0))
-
-
-class _Arr:
-    """Data pointer and row stride (in elements) of a C-contiguous-rows 2-D Numba array."""
-
-    def __init__(self, context: Any, builder: ir.IRBuilder, ty: Any, value: ir.Value) -> None:
-        arr = context.make_array(ty)(context, builder, value)
-        self.data = arr.data
-        itemsize = context.get_abi_sizeof(context.get_data_type(ty.dtype))
-        stride = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
-        self.row_stride = builder.sdiv(stride, stride.type(itemsize))
-        self.shape = cgutils.unpack_tuple(builder, arr.shape, 2)
-
-    def ptr(self, builder: ir.IRBuilder, row: ir.Value, col: ir.Value) -> ir.Value:
-        return builder.gep(self.data, [builder.add(builder.mul(row, self.row_stride), col)])
-
-
 def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
-    return builder.load(builder.bitcast(ptr, _VF.as_pointer()), align=4)
+    return load_vector(builder, ptr, LANES)
 
 
 _HALF = ir.HalfType()
@@ -139,7 +95,7 @@ def _scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir
 
 def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
     """Elements ``[i * LANES, (i + 1) * LANES)`` of vector ``v``."""
-    return builder.shuffle_vector(v, v, _mask(range(i * LANES, (i + 1) * LANES)))
+    return builder.shuffle_vector(v, v, mask(range(i * LANES, (i + 1) * LANES)))
 
 
 def _splat_half(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
@@ -148,7 +104,7 @@ def _splat_half(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value
     ptr = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
     value = builder.load(builder.bitcast(ptr, _HALF.as_pointer()), align=1)
     one = builder.insert_element(ir.Constant(ir.VectorType(_HALF, 1), ir.Undefined), value, _I32(0))
-    return builder.fpext(builder.shuffle_vector(one, one, _mask([0] * LANES)), _VF)
+    return builder.fpext(builder.shuffle_vector(one, one, mask([0] * LANES)), _VF)
 
 
 def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
@@ -158,7 +114,7 @@ def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir
     if kind == 1:
         m = _splat_half(builder, block, 2)
     elif kind == 0:
-        m = builder.fmul(d, _splat(builder, _F32(-8.0)))  # exact: a float16 times 8
+        m = builder.fmul(d, splat(builder, _F32(-8.0), LANES))  # exact: a float16 times 8
     else:
         m = ir.Constant(_VF, [0.0] * LANES)
     codes = builder.gep(block, [ir.Constant(ir.IntType(64), _LAYOUT[kind][1])])
@@ -173,27 +129,14 @@ def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir
             halves.append(builder.zext(raw, i32x8))
         low = [builder.and_(h, ir.Constant(i32x8, [15] * 8)) for h in halves]
         high = [builder.lshr(h, ir.Constant(i32x8, [4] * 8)) for h in halves]
-        steps = [builder.shuffle_vector(a, b, _mask(range(LANES))) for a, b in (low, high)]
+        steps = [builder.shuffle_vector(a, b, mask(range(LANES))) for a, b in (low, high)]
     else:
         raw = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 32).as_pointer()), align=1)
         steps = [
             builder.sext(_part(builder, raw, i), ir.VectorType(_I32, LANES)) for i in range(STEPS)
         ]
     # codes are at most 255 in magnitude: the signed conversion is exact (AVX2 has no unsigned)
-    return [_fma(builder, d, builder.sitofp(c, _VF), m) for c in steps]
-
-
-def _block_loop(
-    builder: ir.IRBuilder, num_blocks: ir.Value, accs: list[ir.Value], body: Any
-) -> None:
-    """for b in range(num_blocks): body(b, accs) -> new accs, with accs kept in allocas (SROA turns
-    them into registers)."""
-    slots = [cgutils.alloca_once_value(builder, a) for a in accs]
-    with cgutils.for_range(builder, num_blocks) as loop:
-        new = body(loop.index, [builder.load(s) for s in slots])
-        for s, v in zip(slots, new, strict=True):
-            builder.store(v, s)
-    accs[:] = [builder.load(s) for s in slots]
+    return [fma(builder, d, builder.sitofp(c, _VF), m) for c in steps]
 
 
 def _make_decode_dot(kind: int, rows: int) -> Any:
@@ -205,8 +148,8 @@ def _make_decode_dot(kind: int, rows: int) -> Any:
         sig = types.UniTuple(types.float32, rows)(blocks, n0, x, t)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            b_arr = _Arr(context, builder, sig.args[0], args[0])
-            x_arr = _Arr(context, builder, sig.args[2], args[2])
+            b_arr = Arr2D(context, builder, sig.args[0], args[0])
+            x_arr = Arr2D(context, builder, sig.args[2], args[2])
             n_first, t_row = args[1], args[3]
             i64 = n_first.type
             accs = [ir.Constant(_VF, [0.0] * LANES)] * rows
@@ -222,18 +165,18 @@ def _make_decode_dot(kind: int, rows: int) -> Any:
                 for r in range(rows):
                     n = builder.add(n_first, i64(r))
                     # the next tile's rows: several interleaved rows defeat the stream prefetcher
-                    _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
+                    prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
                     acc = accs[r]
                     for w, xv in zip(
                         _decoded_block(builder, kind, b_arr.ptr(builder, n, start)), xs, strict=True
                     ):
-                        acc = _fma(builder, w, xv, acc)
+                        acc = fma(builder, w, xv, acc)
                     out.append(acc)
                 return out
 
             num_blocks = builder.sdiv(b_arr.shape[1], i64(size))
-            _block_loop(builder, num_blocks, accs, body)
-            return context.make_tuple(builder, sig.return_type, [_hsum(builder, a) for a in accs])
+            carried_loop(builder, num_blocks, accs, body)
+            return context.make_tuple(builder, sig.return_type, [hsum(builder, a) for a in accs])
 
         return sig, codegen
 
@@ -250,8 +193,8 @@ def _make_decode_into(kind: int) -> Any:
         sig = types.none(blocks, n, w, r)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            b_arr = _Arr(context, builder, sig.args[0], args[0])
-            w_arr = _Arr(context, builder, sig.args[2], args[2])
+            b_arr = Arr2D(context, builder, sig.args[0], args[0])
+            w_arr = Arr2D(context, builder, sig.args[2], args[2])
             row, w_row = args[1], args[3]
             i64 = row.type
 
@@ -263,7 +206,7 @@ def _make_decode_into(kind: int) -> Any:
                     builder.store(vec, dst, align=4)
                 return accs
 
-            _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), [], body)
+            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), [], body)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -281,8 +224,8 @@ def _make_scratch_dot(rows: int, cols: int) -> Any:
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
             w_arr, x_arr = (
-                _Arr(context, builder, sig.args[0], args[0]),
-                _Arr(context, builder, sig.args[2], args[2]),
+                Arr2D(context, builder, sig.args[0], args[0]),
+                Arr2D(context, builder, sig.args[2], args[2]),
             )
             r_first, t_first = args[1], args[3]
             i64 = r_first.type
@@ -299,11 +242,11 @@ def _make_scratch_dot(rows: int, cols: int) -> Any:
                 for r in range(rows):
                     wv = _load_vf(builder, w_arr.ptr(builder, builder.add(r_first, i64(r)), k))
                     for c in range(cols):
-                        accs[r * cols + c] = _fma(builder, wv, xs[c], accs[r * cols + c])
+                        accs[r * cols + c] = fma(builder, wv, xs[c], accs[r * cols + c])
                 return accs
 
-            _block_loop(builder, num_steps, accs, body)
-            return context.make_tuple(builder, sig.return_type, [_hsum(builder, a) for a in accs])
+            carried_loop(builder, num_steps, accs, body)
+            return context.make_tuple(builder, sig.return_type, [hsum(builder, a) for a in accs])
 
         return sig, codegen
 
@@ -489,7 +432,7 @@ def _make_int8_dot(kind: int, rows: int, cols: int) -> Any:
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
             b_arr, q_arr, d_arr, x_arr = (
-                _Arr(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
+                Arr2D(context, builder, sig.args[i], args[i]) for i in (0, 2, 3, 4)
             )
             n_first, t_first = args[1], args[5]
             i64 = n_first.type
@@ -515,14 +458,14 @@ def _make_int8_dot(kind: int, rows: int, cols: int) -> Any:
                     start = builder.mul(b, i64(size))
                     block = b_arr.ptr(builder, n, start)
                     codes = builder.gep(block, [i64(header)])
-                    _prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
+                    prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
                     if kind == 2:
                         codes32 = builder.load(builder.bitcast(codes, _V32I8.as_pointer()), align=1)
                     else:
                         packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
                         lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
                         hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-                        codes32 = builder.shuffle_vector(lo, hi, _mask(range(BLOCK)))
+                        codes32 = builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
                     d, m = _scale_offset(builder, kind, block)
                     for c in range(cols):
                         i = r * cols + c
@@ -538,14 +481,14 @@ def _make_int8_dot(kind: int, rows: int, cols: int) -> Any:
                                 builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv[c]]
                             )
                         quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
-                        ddx = _splat(builder, builder.fmul(d, dx[c]), 8)
-                        vec[i] = _fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
+                        ddx = splat(builder, builder.fmul(d, dx[c]), 8)
+                        vec[i] = fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
                         if kind != 2:  # Q8_0 has no offset
-                            off[i] = _fma(builder, m, sx[c], off[i])
+                            off[i] = fma(builder, m, sx[c], off[i])
                 return vec + off
 
-            _block_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-            sums = [builder.fadd(_hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
+            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+            sums = [builder.fadd(hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
             return context.make_tuple(builder, sig.return_type, sums)
 
         return sig, codegen
