@@ -53,6 +53,10 @@ def test_bench_generate_prints_table_and_positive_figures(
         assert figures[key] > 0
     rest = figures["peak_rss_mib"] - figures["kv_cache_mib"]
     assert figures["peak_rss_minus_kv_mib"] == pytest.approx(rest)
+    # kernels compiled in the measured process (a cold Numba cache) are reported, and said
+    compiled = figures["kernels_compiled"]
+    assert isinstance(compiled, int) and compiled >= 0
+    assert ("kernel signatures in the measured process" in result.stdout) == (compiled > 0)
 
 
 def test_resident_mib_counts_only_the_touched_pages() -> None:

@@ -5,7 +5,9 @@ Protocol (stdout of the child, one JSON object a line): ``{"event": "progress", 
 "done": int, "total": int}`` any number of times, then ``{"event": "result", "result": {...}}``
 with ``peak_rss_mib`` (``getrusage(RUSAGE_SELF).ru_maxrss``: the child's resident-set peak,
 model loading included) added, and ``peak_rss_minus_kv_mib`` when the side reported its KV
-cache's resident ``kv_cache_mib``. Arguments travel as a JSON file; nothing is pickled.
+cache's resident ``kv_cache_mib``, and ``kernels_compiled`` when our kernels ran
+(:func:`pagedattn.kernels.numba_cache.compiled_kernels`: not 0 means the peak includes LLVM
+compiling them). Arguments travel as a JSON file; nothing is pickled.
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ def main(argv: list[str]) -> None:
     fn = getattr(importlib.import_module(module), name)
     args = json.loads(Path(args_path).read_text(encoding="utf-8"))
     result = {**fn(args, _progress), "peak_rss_mib": peak_rss_mib()}
+    if "pagedattn.kernels.numba_cache" in sys.modules:  # our side ran kernels
+        from pagedattn.kernels.numba_cache import compiled_kernels
+
+        result["kernels_compiled"] = compiled_kernels()
     if result.get("kv_cache_mib") is not None:
         result["peak_rss_minus_kv_mib"] = result["peak_rss_mib"] - result["kv_cache_mib"]
     _emit({"event": "result", "result": result})

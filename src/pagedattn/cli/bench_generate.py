@@ -127,6 +127,12 @@ def bench_generate(
             ratio = "" if ours is None or not lc else f"{ours / lc:.2f}x"
             peer_table.add_row(label, _mib(ours), _mib(lc), ratio)
     console.print(table)
+    compiled = results["ours"].get("kernels_compiled", 0)
+    if compiled:
+        console.print(
+            f"ours compiled {compiled} kernel signatures in the measured process (a cold Numba "
+            "cache): its peak RSS includes LLVM's memory; run the bench again for warm figures."
+        )
     if peer_result is None:
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:
