@@ -32,6 +32,11 @@ def kernel_cache(cache: np.ndarray) -> np.ndarray:
     return cache.view(np.uint16) if cache.dtype == _F16 else cache
 
 
+def widen_half_bits(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """LLVM IR: the float32 value of the IEEE half whose bits are the i16 ``bits`` (exact)."""
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+
+
 @intrinsic
 def _half_bits_to_f32(typingctx: Any, bits: types.Type) -> Any:
     """float32 value of the IEEE half whose bits are ``bits`` (uint16): exact."""
@@ -39,7 +44,7 @@ def _half_bits_to_f32(typingctx: Any, bits: types.Type) -> Any:
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return widen_half_bits(builder, args[0])
 
     return types.float32(types.uint16), codegen
 

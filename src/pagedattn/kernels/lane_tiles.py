@@ -27,6 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pagedattn.kernels.kv_dtype import widen_half_bits
 from pagedattn.kernels.simd_ir import (
     F32,
     Arr2D,
@@ -65,9 +66,7 @@ class _Pool:
     def load(self, builder: ir.IRBuilder, row: ir.Value, d: ir.Value) -> ir.Value:
         """float32 value of ``row[d]`` (``d`` in elements)."""
         value = builder.load(builder.gep(row, [builder.mul(d, self.strides[3])]))
-        if self.half:
-            return builder.fpext(builder.bitcast(value, ir.HalfType()), F32)
-        return value
+        return widen_half_bits(builder, value) if self.half else value
 
 
 def _is_pool(ty: Any) -> bool:

@@ -41,6 +41,9 @@ from numba.extending import intrinsic
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
 from pagedattn.kernels.simd_ir import (
+    F32,
+    I8,
+    I32,
     Arr2D,
     carried_loop,
     fma,
@@ -62,10 +65,7 @@ TILE_T = 3  # activation rows per register tile (scratch kernel)
 # kind -> (bytes per block, bytes before the codes, 4-bit codes?)
 _LAYOUT = {0: (18, 2, True), 1: (20, 4, True), 2: (34, 2, False)}  # Q4_0, Q4_1, Q8_0
 
-_F32 = ir.FloatType()
-_I8 = ir.IntType(8)
-_I32 = ir.IntType(32)
-_VF = ir.VectorType(_F32, LANES)
+_VF = ir.VectorType(F32, LANES)
 
 
 def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
@@ -83,14 +83,14 @@ def _scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir
     def half_at(offset: int) -> ir.Value:
         ptr = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
         value = builder.load(builder.bitcast(ptr, _HALF.as_pointer()), align=1)
-        return builder.fpext(value, _F32)
+        return builder.fpext(value, F32)
 
     d = half_at(0)
     if kind == 1:
         return d, half_at(2)
     if kind == 0:
-        return d, builder.fmul(d, _F32(-8.0))
-    return d, _F32(0.0)
+        return d, builder.fmul(d, F32(-8.0))
+    return d, F32(0.0)
 
 
 def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
@@ -103,7 +103,7 @@ def _splat_half(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value
     (splatted as float16, then converted: a broadcast and one vcvtph2ps)."""
     ptr = builder.gep(block, [ir.Constant(ir.IntType(64), offset)])
     value = builder.load(builder.bitcast(ptr, _HALF.as_pointer()), align=1)
-    one = builder.insert_element(ir.Constant(ir.VectorType(_HALF, 1), ir.Undefined), value, _I32(0))
+    one = builder.insert_element(ir.Constant(ir.VectorType(_HALF, 1), ir.Undefined), value, I32(0))
     return builder.fpext(builder.shuffle_vector(one, one, mask([0] * LANES)), _VF)
 
 
@@ -114,26 +114,26 @@ def _decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir
     if kind == 1:
         m = _splat_half(builder, block, 2)
     elif kind == 0:
-        m = builder.fmul(d, splat(builder, _F32(-8.0), LANES))  # exact: a float16 times 8
+        m = builder.fmul(d, splat(builder, F32(-8.0), LANES))  # exact: a float16 times 8
     else:
         m = ir.Constant(_VF, [0.0] * LANES)
     codes = builder.gep(block, [ir.Constant(ir.IntType(64), _LAYOUT[kind][1])])
     if _LAYOUT[kind][2]:
         # bytes j and 8 + j hold inputs j, 8 + j (low nibbles) and 16 + j, 24 + j (high): widen
         # each 8-byte half to int32 lanes (vpmovzxbd from memory), then mask and shift there
-        i32x8 = ir.VectorType(_I32, 8)
+        i32x8 = ir.VectorType(I32, 8)
         halves = []
         for half in range(2):
             ptr = builder.gep(codes, [ir.Constant(ir.IntType(64), 8 * half)])
-            raw = builder.load(builder.bitcast(ptr, ir.VectorType(_I8, 8).as_pointer()), align=1)
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, 8).as_pointer()), align=1)
             halves.append(builder.zext(raw, i32x8))
         low = [builder.and_(h, ir.Constant(i32x8, [15] * 8)) for h in halves]
         high = [builder.lshr(h, ir.Constant(i32x8, [4] * 8)) for h in halves]
         steps = [builder.shuffle_vector(a, b, mask(range(LANES))) for a, b in (low, high)]
     else:
-        raw = builder.load(builder.bitcast(codes, ir.VectorType(_I8, 32).as_pointer()), align=1)
+        raw = builder.load(builder.bitcast(codes, ir.VectorType(I8, 32).as_pointer()), align=1)
         steps = [
-            builder.sext(_part(builder, raw, i), ir.VectorType(_I32, LANES)) for i in range(STEPS)
+            builder.sext(_part(builder, raw, i), ir.VectorType(I32, LANES)) for i in range(STEPS)
         ]
     # codes are at most 255 in magnitude: the signed conversion is exact (AVX2 has no unsigned)
     return [fma(builder, d, builder.sitofp(c, _VF), m) for c in steps]
@@ -387,11 +387,11 @@ def matmul_float(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
 # ``vpmaddwd`` (pairs into int32). Every (row, output) is the same sequence of operations for
 # any row count: batch invariance holds on this path too.
 
-_V16I8 = ir.VectorType(_I8, 16)
-_V32I8 = ir.VectorType(_I8, 32)
+_V16I8 = ir.VectorType(I8, 16)
+_V32I8 = ir.VectorType(I8, 32)
 _V16I16 = ir.VectorType(ir.IntType(16), 16)
-_V8I32 = ir.VectorType(_I32, 8)
-_V8F = ir.VectorType(_F32, 8)
+_V8I32 = ir.VectorType(I32, 8)
+_V8F = ir.VectorType(F32, 8)
 
 
 @functools.cache
@@ -437,7 +437,7 @@ def _make_int8_dot(kind: int, rows: int, cols: int) -> Any:
             n_first, t_first = args[1], args[5]
             i64 = n_first.type
             ones = ir.Constant(_V16I16, [1] * 16)
-            accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [_F32(0.0)] * tile
+            accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [F32(0.0)] * tile
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
