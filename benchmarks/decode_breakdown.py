@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 from collections.abc import Callable
 
 import numba
 import numpy as np
 
 from pagedattn.bench.corpus import corpus_token_ids
+from pagedattn.bench.kernels import interleaved_median_ms
 from pagedattn.engine.llm import LLM
 from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged import split_counts
@@ -128,15 +127,7 @@ def main() -> None:
         timers["llama.cpp"] = llama_cpp
     except ImportError:
         pass
-    for fn in timers.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in timers}
-    for _ in range(args.rounds):
-        for name, fn in timers.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    ms = interleaved_median_ms(timers, args.rounds)
     ms["other"] = ms["step"] - ms["matmuls"] - ms["attention"]
     print(
         f"context {ctx}, KV {args.kv_cache_dtype}, activations {args.activations}, "

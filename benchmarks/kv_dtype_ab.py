@@ -11,12 +11,11 @@ the same machine phase. Prints the median step of each and the ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numba
 
 from pagedattn.bench.corpus import corpus_token_ids
+from pagedattn.bench.kernels import interleaved_median_ms
 from pagedattn.engine.llm import LLM
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
@@ -53,13 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
     engines = {dt: decoding_engine(dt, args.batch, args.prompt_len, args.steps) for dt in DTYPES}
-    times: dict[str, list[float]] = {dt: [] for dt in DTYPES}
-    for _ in range(args.steps):
-        for dt, engine in engines.items():
-            start = time.perf_counter()
-            engine.step()
-            times[dt].append(time.perf_counter() - start)
-    ms = {dt: 1e3 * statistics.median(t) for dt, t in times.items()}
+    ms = interleaved_median_ms({dt: e.step for dt, e in engines.items()}, args.steps, warmup=0)
     print(
         f"decode step, {args.batch} sequence(s) of {args.prompt_len}-token prompts, "
         f"median of {args.steps}: float32 KV {ms['float32']:.2f} ms, float16 KV "

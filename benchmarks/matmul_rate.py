@@ -12,8 +12,6 @@ Rows 1 and 2 take the in-register decode kernel (decode steps), more rows the ti
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +26,7 @@ def _measure(
     and torch, alternated each round."""
     import torch
 
+    from pagedattn.bench.kernels import interleaved_median_ms
     from pagedattn.model.quantized import qmatmul
 
     layers = model.layers
@@ -52,15 +51,7 @@ def _measure(
         "int8": lambda: ours("int8"),
         "torch": reference,
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for fn in runs.values():
-        fn()  # compile / warm up
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return interleaved_median_ms(runs, rounds)  # one untimed call each: compile, warm up
 
 
 def main() -> None:

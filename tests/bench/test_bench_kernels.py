@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import pagedattn.cli.bench_kernels  # noqa: F401  (register the command)
 from pagedattn.backends import BackendSpec
-from pagedattn.bench.kernels import bench_decode
+from pagedattn.bench.kernels import bench_decode, interleaved_median_ms
 from pagedattn.cli.app import app
 
 runner = CliRunner()
@@ -55,3 +55,11 @@ def test_bench_kernels_bad_backend_is_one_line(args: list[str], fragment: str) -
     assert result.exit_code == 2  # a backend error: see cli_errors
     assert result.stderr.startswith("error: ") and fragment in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_interleaved_median_ms_alternates_the_timers_after_the_warmup() -> None:
+    calls: list[str] = []
+    timers = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    ms = interleaved_median_ms(timers, rounds=3, warmup=2)
+    assert calls == ["a", "b"] * 5  # two untimed rounds, then three timed ones, in turn
+    assert list(ms) == ["a", "b"] and all(v >= 0 for v in ms.values())

@@ -26,7 +26,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,24 @@ def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def interleaved_median_ms(
+    timers: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall time in milliseconds of each of ``timers``, called in turn once per round
+    for ``rounds`` rounds after ``warmup`` untimed calls each: every timer sees the same
+    moments of the machine, the same-run comparison the benchmarks report as ratios."""
+    for _ in range(warmup):
+        for fn in timers.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, fn in timers.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
 
 def copy_bandwidth_gbps(num_bytes: int, repeats: int) -> float:
