@@ -38,21 +38,41 @@ def test_bench_kernels_prints_read_bandwidth_and_the_targets() -> None:
     result = runner.invoke(app, args, env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert "read GB/s" in result.stdout and "% read" in result.stdout
-    assert "batch 32, context 16: % of read-only bandwidth" in result.stdout
+    assert "float32 KV, batch 32, context 16: % of read-only bandwidth" in result.stdout
     r = bench_decode(2, 32, 1)
     assert r.read_gbps > 0 and r.pct_read == pytest.approx(100 * r.kv_gbps / r.read_gbps)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bench_decode_counts_the_bytes_of_the_pool_dtype(dtype: str) -> None:
+    r = bench_decode(3, 40, 1, kv_cache_dtype=dtype)
+    itemsize = {"float32": 4, "float16": 2}[dtype]
+    kv_bytes = 2 * 3 * 40 * 3 * 64 * itemsize  # K and V: batch x context x kv_heads x head_dim
+    assert r.kv_gbps * r.paged_ms * 1e6 == pytest.approx(kv_bytes)
+    assert r.read_gbps > 0 and r.copy_gbps > 0
+
+
+def test_bench_kernels_prints_a_section_per_kv_dtype() -> None:
+    args = ["bench", "kernels", "--batch", "32", "--context", "16", "--repeats", "1",
+            "--kv-cache-dtype", "float32", "--kv-cache-dtype", "float16"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    for dtype in ("float32", "float16"):
+        assert f"{dtype} KV, batch 32, context 16: % of read-only bandwidth" in result.stdout
+
+
 @pytest.mark.parametrize(
-    ("args", "fragment"),
+    ("args", "code", "fragment"),
     [
-        (["--backend", "jax"], "backend 'jax' is unknown"),
-        (["--backend", "cupy", "--device", "cpu"], "does not run on device 'cpu'"),
+        (["--backend", "jax"], 2, "backend 'jax' is unknown"),
+        (["--backend", "cupy", "--device", "cpu"], 2, "does not run on device 'cpu'"),
+        (["--kv-cache-dtype", "bfloat16"], 1, "--kv-cache-dtype must be one of"),
+        (["--kv-cache-dtype", "float16", "--backend", "numpy"], 1, "float32 pools only"),
     ],
 )
-def test_bench_kernels_bad_backend_is_one_line(args: list[str], fragment: str) -> None:
+def test_bench_kernels_bad_option_is_one_line(args: list[str], code: int, fragment: str) -> None:
     result = runner.invoke(app, ["bench", "kernels", "--batch", "1", "--context", "8", *args])
-    assert result.exit_code == 2  # a backend error: see cli_errors
+    assert result.exit_code == code  # a backend error exits 2, a bad value 1: see cli_errors
     assert result.stderr.startswith("error: ") and fragment in result.stderr
     assert result.stderr.count("\n") == 1
 

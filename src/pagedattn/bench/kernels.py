@@ -4,19 +4,25 @@ Every figure is measured in the same run, so the ratios (not the absolute times)
 carry over between machines:
 
 * ``paged``: :func:`pagedattn.kernels.paged_attention_decode` over a pool whose page ids are
-  shuffled (a fragmented cache), median wall time of ``repeats`` calls after a warm-up;
+  shuffled (a fragmented cache), in float32 or float16 (``kv_cache_dtype``), median wall time
+  of ``repeats`` calls after a warm-up;
 * ``KV GB/s``: bytes of K and V the call must read (``batch * context * num_kv_heads *
-  head_dim * 4 * 2``) divided by that time;
+  head_dim * itemsize * 2``) divided by that time;
 * ``read GB/s``: a read-only pass over the same K and V pages (a parallel Numba sum of every
-  float, as many threads as the kernel), bytes read / time; ``% read`` is the paged kernel's
-  KV GB/s over it (issue 13 asks >= 80% at batch 32);
+  32-bit word, as many threads as the kernel), bytes read / time; ``% read`` is the paged
+  kernel's KV GB/s over it (issue 13 asks >= 80% at batch 32);
 * ``copy GB/s``: ``np.copyto`` between two buffers of the same size as that K+V, counting
   bytes read plus bytes written (``2 * size``, as STREAM's Copy does);
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense
-  contiguous ``(batch, heads, context, head_dim)`` K/V, with the same thread count;
-* ``xp``: with ``backends``, the array-namespace kernel
+  contiguous float32 ``(batch, heads, context, head_dim)`` K/V (the dtype HF runs the model
+  in, whatever ``kv_cache_dtype`` is), with the same thread count.
+
+The paged kernel, the read pass, the copy and SDPA are timed in turn, one call each per round
+(:func:`interleaved_median_ms`), so every ratio compares the same moments of the machine;
+* ``xp``: with ``backends`` (float32 only), the array-namespace kernel
   (:func:`pagedattn.backends.xp_kernels.paged_attention_decode`) over the same pages and page
-  tables moved onto each backend (e.g. torch on the CPU), timed with the device synchronized.
+  tables moved onto each backend (e.g. torch on the CPU), timed with the device synchronized
+  after the others.
 """
 
 from __future__ import annotations
@@ -97,44 +103,44 @@ def interleaved_median_ms(
     return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
 
-def copy_bandwidth_gbps(num_bytes: int, repeats: int) -> float:
-    """``np.copyto`` bandwidth on a ``num_bytes`` buffer, counting read + write bytes."""
+def _copy_timer(num_bytes: int) -> Callable[[], object]:
+    """One ``np.copyto`` between two buffers of ``num_bytes`` each (moves ``2 * num_bytes``)."""
     src = np.ones(max(num_bytes, 4) // 4, np.float32)
     dst = np.empty_like(src)
-    ms = median_ms(lambda: np.copyto(dst, src), repeats)
-    return 2 * src.nbytes / (ms * 1e6)
+    return lambda: np.copyto(dst, src)
 
 
 @functools.cache
 def _read_kernel() -> Any:
     import numba
 
-    @numba.njit(parallel=True, fastmath=True, nogil=True)
-    def read_all(flat: np.ndarray, chunk: int) -> float:  # pragma: no cover - compiled
-        total = 0.0
-        for c in numba.prange((flat.shape[0] + chunk - 1) // chunk):
-            s = np.float32(0.0)
-            for i in range(c * chunk, min(flat.shape[0], (c + 1) * chunk)):
-                s += flat[i]
-            total += float(s)
+    @numba.njit(parallel=True, nogil=True)
+    def read_all(words: np.ndarray, chunk: int) -> int:  # pragma: no cover - compiled
+        total = 0
+        for c in numba.prange((words.shape[0] + chunk - 1) // chunk):
+            s = np.uint32(0)
+            for i in range(c * chunk, min(words.shape[0], (c + 1) * chunk)):
+                s += words[i]  # wraps: only the reads matter
+            total += int(s)
         return total
 
     return read_all
 
 
-def read_bandwidth_gbps(arrays: Sequence[np.ndarray], repeats: int) -> float:
-    """GB/s of a read-only pass (every float summed, in parallel) over ``arrays``: the bytes a
-    decode step must read, in the memory they sit in, without a write stream."""
+def _read_timer(arrays: Sequence[np.ndarray]) -> Callable[[], object]:
+    """A read-only pass over ``arrays`` (every 32-bit word summed, in parallel): the bytes a
+    decode step must read, in the memory they sit in, without a write stream. Integer words,
+    so float16 pairs or float32 bits that happen to be NaN or subnormal cost nothing extra."""
     read_all = _read_kernel()
-    flats = [a.reshape(-1) for a in arrays]
+    words = [a.reshape(-1).view(np.uint32) for a in arrays]
     chunk = 1 << 14
-    ms = median_ms(lambda: [read_all(f, chunk) for f in flats], repeats)
-    return sum(f.nbytes for f in flats) / (ms * 1e6)
+    return lambda: [read_all(w, chunk) for w in words]
 
 
-def _torch_sdpa_ms(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, repeats: int, threads: int
-) -> float | None:
+def _torch_sdpa_timer(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, threads: int
+) -> Callable[[], object] | None:
+    """SDPA with GQA on dense ``(batch, kv_heads, context, head_dim)`` K/V; None without torch."""
     try:
         import torch
     except ImportError:
@@ -143,8 +149,12 @@ def _torch_sdpa_ms(
     tq = torch.from_numpy(q).unsqueeze(2)  # (batch, heads, 1, head_dim)
     tk, tv = torch.from_numpy(k), torch.from_numpy(v)  # (batch, kv_heads, context, head_dim)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    with torch.inference_mode():
-        return median_ms(lambda: sdpa(tq, tk, tv, enable_gqa=True), repeats)
+
+    def call() -> object:
+        with torch.inference_mode():
+            return sdpa(tq, tk, tv, enable_gqa=True)
+
+    return call
 
 
 def _synchronize(spec: BackendSpec) -> Callable[[], None]:
@@ -191,6 +201,19 @@ def xp_decode_ms(
         return median_ms(call, repeats)
 
 
+def check_decode_options(kv_cache_dtype: str, backends: Sequence[BackendSpec]) -> None:
+    """Raise ValueError for a ``kv_cache_dtype`` other than float32 / float16, or for
+    ``backends`` with float16 (the xp kernel reads float32 pools)."""
+    from pagedattn.config import KV_CACHE_DTYPES
+
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}"
+        )
+    if backends and kv_cache_dtype != "float32":
+        raise ValueError("--backend times the xp kernel on float32 pools only")
+
+
 def bench_decode(
     batch: int,
     context: int,
@@ -198,47 +221,59 @@ def bench_decode(
     *,
     seed: int = 0,
     backends: Sequence[BackendSpec] = (),
+    kv_cache_dtype: str = "float32",
 ) -> DecodeResult:
     """Time one decode configuration (9 query heads, 3 kv heads, head_dim 64, page_size 16):
-    the Numba kernel, the xp kernel on each of ``backends``, and torch SDPA on dense K/V."""
+    the Numba kernel over a ``kv_cache_dtype`` pool (``"float32"`` or ``"float16"``), a
+    read-only pass over that pool, a copy of as many bytes and torch SDPA on the same keys and
+    values in dense float32, interleaved; then the xp kernel on each of ``backends``.
+
+    Raises:
+        ValueError: an unknown ``kv_cache_dtype``, or ``backends`` with float16 (the xp kernel
+            reads float32 pools).
+    """
     import numba
 
     from pagedattn.kernels import paged_attention_decode
 
+    check_decode_options(kv_cache_dtype, backends)
     rng = np.random.default_rng(seed)
     pages_per_seq = math.ceil(context / PAGE_SIZE)
     num_pages = batch * pages_per_seq
     shape = (num_pages, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
-    k_cache = rng.random(shape, dtype=np.float32) - np.float32(0.5)
-    v_cache = rng.random(shape, dtype=np.float32) - np.float32(0.5)
+    dtype = np.dtype(kv_cache_dtype)
+    k_cache = (rng.random(shape, dtype=np.float32) - np.float32(0.5)).astype(dtype)
+    v_cache = (rng.random(shape, dtype=np.float32) - np.float32(0.5)).astype(dtype)
     page_tables = rng.permutation(num_pages).astype(np.int32).reshape(batch, pages_per_seq)
     context_lens = np.full(batch, context, np.int32)
     q = rng.standard_normal((batch, NUM_HEADS, HEAD_DIM), dtype=np.float32)
-
-    paged_ms = median_ms(
-        lambda: paged_attention_decode(q, k_cache, v_cache, page_tables, context_lens), repeats
-    )
-    arrays = (q, k_cache, v_cache, page_tables, context_lens)
     threads = numba.get_num_threads()
-    xp_ms = tuple((spec, xp_decode_ms(spec, arrays, repeats, threads)) for spec in backends)
-    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * 4
-    copy_gbps = copy_bandwidth_gbps(kv_bytes, repeats)
-    read_gbps = read_bandwidth_gbps((k_cache, v_cache), repeats)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * dtype.itemsize
 
-    # The same keys, gathered into dense (batch, kv_heads, context, head_dim) for torch.
+    # The same keys, gathered into dense float32 (batch, kv_heads, context, head_dim) for torch.
     def dense(cache: np.ndarray) -> np.ndarray:
         tiles = cache[page_tables]  # (batch, pages, kv_heads, page_size, head_dim)
         flat = tiles.transpose(0, 2, 1, 3, 4).reshape(batch, NUM_KV_HEADS, -1, HEAD_DIM)
-        return np.ascontiguousarray(flat[:, :, :context])
+        return np.ascontiguousarray(flat[:, :, :context], dtype=np.float32)
 
-    torch_ms = None
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        k_dense, v_dense = dense(k_cache), dense(v_cache)
-        del k_cache, v_cache, arrays
-        torch_ms = _torch_sdpa_ms(q, k_dense, v_dense, repeats, threads)
-    kv_gbps = kv_bytes / (paged_ms * 1e6)
-    return DecodeResult(batch, context, paged_ms, kv_gbps, copy_gbps, read_gbps, torch_ms, xp_ms)
+    timers: dict[str, Callable[[], object]] = {
+        "paged": lambda: paged_attention_decode(q, k_cache, v_cache, page_tables, context_lens),
+        "read": _read_timer((k_cache, v_cache)),
+        "copy": _copy_timer(kv_bytes),
+    }
+    sdpa = _torch_sdpa_timer(q, dense(k_cache), dense(v_cache), threads)
+    if sdpa is not None:
+        timers["torch"] = sdpa
+    ms = interleaved_median_ms(timers, repeats, warmup=2)
+    arrays = (q, k_cache, v_cache, page_tables, context_lens)
+    xp_ms = tuple((spec, xp_decode_ms(spec, arrays, repeats, threads)) for spec in backends)
+    return DecodeResult(
+        batch,
+        context,
+        paged_ms=ms["paged"],
+        kv_gbps=kv_bytes / (ms["paged"] * 1e6),
+        copy_gbps=2 * kv_bytes / (ms["copy"] * 1e6),  # read + written
+        read_gbps=kv_bytes / (ms["read"] * 1e6),
+        torch_ms=ms.get("torch"),
+        xp_ms=xp_ms,
+    )

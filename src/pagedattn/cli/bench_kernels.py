@@ -3,6 +3,7 @@ and with ``--backend`` the array-namespace kernel on other array libraries in th
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated
 
 import typer
@@ -31,20 +32,32 @@ def bench_kernels(
         str | None,
         typer.Option(help="cpu|cuda for a torch / cupy --backend (numpy is always cpu)."),
     ] = None,
+    kv_cache_dtype: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kv-cache-dtype",
+            metavar="float32|float16",
+            help="Storage of the paged pool (repeatable: one table section each); torch SDPA "
+            "always reads float32.",
+        ),
+    ] = None,
 ) -> None:
-    """Decode attention (9 q heads, 3 kv heads, head_dim 64, fp32, page_size 16, shuffled pages)."""
+    """Decode attention (9 q heads, 3 kv heads, head_dim 64, page_size 16, shuffled pages)."""
     import numba
     from rich.console import Console
     from rich.table import Table
 
     from pagedattn.backends import resolve_backend
-    from pagedattn.bench.kernels import TORCH_HINT, bench_decode
+    from pagedattn.bench.kernels import TORCH_HINT, bench_decode, check_decode_options
     from pagedattn.bench.targets import kernel_targets
 
     with cli_errors():  # --device is for torch / cupy; the numpy backend is always on the cpu
         specs = [
             resolve_backend(name, None if name == "numpy" else device) for name in backend or []
         ]
+        dtypes = kv_cache_dtype or ["float32"]
+        for name in dtypes:
+            check_decode_options(name, specs)
     console = Console()
     batches = batch or [1, 32]
     contexts = context or [512, 2048, 8192]
@@ -56,22 +69,22 @@ def bench_kernels(
         has_torch = False
         console.print(TORCH_HINT)
 
-    table = Table()
-    columns = ("batch", "context", "paged ms", "KV GB/s", "read GB/s", "% read", "copy GB/s (r+w)")
-    for name in columns:
-        table.add_column(name, justify="right")
-    for spec in specs:
-        table.add_column(f"xp {spec} ms", justify="right")
-        table.add_column("x numba", justify="right")
-    if has_torch:
-        table.add_column("torch SDPA ms", justify="right")
-        table.add_column("speedup", justify="right")
     targets = Table(title="issue 13 targets (ratios measured in this run)")
     for name in ("target", "measured", "goal", "met"):
         targets.add_column(name, justify="left" if name in ("target", "met") else "right")
-    for b in batches:
-        for c in contexts:
-            r = bench_decode(b, c, repeats, backends=specs)
+    for dtype in dtypes:
+        table = Table()
+        columns = ("batch", "context", "paged ms", "KV GB/s", "read GB/s", "% read")
+        for name in (*columns, "copy GB/s (r+w)"):
+            table.add_column(name, justify="right")
+        for spec in specs:
+            table.add_column(f"xp {spec} ms", justify="right")
+            table.add_column("x numba", justify="right")
+        if has_torch:
+            table.add_column("torch SDPA fp32 ms", justify="right")
+            table.add_column("speedup", justify="right")
+        for b, c in itertools.product(batches, contexts):
+            r = bench_decode(b, c, repeats, backends=specs, kv_cache_dtype=dtype)
             row = [
                 str(b),
                 str(c),
@@ -87,16 +100,18 @@ def bench_kernels(
                 row += [f"{r.torch_ms:.3f}", f"{r.speedup:.2f}x"]
             table.add_row(*row)
             for label, value, goal, verdict in kernel_targets(b, r.pct_read, r.speedup):
-                targets.add_row(f"batch {b}, context {c}: {label}", value, goal, verdict)
-    layer = numba.threading_layer()  # type: ignore[attr-defined]
-    table.title = (
-        f"decode attention, {numba.get_num_threads()} threads "
-        f"(numba threading layer {layer}), median of {repeats}"
-    )
-    console.print(table)
+                where = f"{dtype} KV, batch {b}, context {c}"
+                targets.add_row(f"{where}: {label}", value, goal, verdict)
+        layer = numba.threading_layer()  # type: ignore[attr-defined]  # known after a call
+        table.title = (
+            f"decode attention, {dtype} KV pool, {numba.get_num_threads()} threads "
+            f"(numba threading layer {layer}), median of {repeats} interleaved rounds"
+        )
+        console.print(table)
     console.print(
         "KV GB/s = bytes of K+V read / time; read = a read-only pass over the same pages; "
-        "copy = np.copyto on a buffer of the same size, counting read + write bytes."
+        "copy = np.copyto on a buffer of the same size, counting read + write bytes; "
+        "torch SDPA reads the same keys and values as dense float32 whatever the pool's dtype."
     )
     if targets.row_count:
         console.print(targets)
