@@ -106,6 +106,8 @@ def test_bench_engine_counts_every_token_and_prefix_hits(
     # With at most 2 sequences a step, later requests find the common prefix pages cached.
     assert figures["shared_on"]["cached_tokens"] > 0
     assert figures["shared_off"]["cached_tokens"] == 0
+    compiled = figures["kernels_compiled"]  # said exactly when not 0, as in bench generate
+    assert ("kernel signatures in the measured process" in result.stdout) == (compiled > 0)
 
 
 def test_bench_engine_bad_sizes_are_one_line_errors(tiny_gguf: Path) -> None:

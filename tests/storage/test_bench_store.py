@@ -33,3 +33,5 @@ def test_bench_store_table(tiny_gguf: Path, tmp_path: Path, redis_server: RedisS
         assert figures["rows"][tier]["ttft_s"] > 0
         assert figures["write"][tier]["pages"] == 15 and figures["write"][tier]["bytes_s"] > 0
     assert figures["raw_write_bytes_s"] > 0
+    compiled = figures["kernels_compiled"]  # said exactly when not 0, as in bench generate
+    assert ("kernel signatures in the measured process" in result.stdout) == (compiled > 0)

@@ -100,6 +100,19 @@ def run_worker(
     return result
 
 
+def compile_note(result: dict[str, Any]) -> str | None:
+    """The line a bench prints when our side of ``result`` compiled kernels in the measured
+    process (a cold Numba cache: its figures include the compiler's time and memory), else
+    None."""
+    compiled = result.get("kernels_compiled", 0)
+    if not compiled:
+        return None
+    return (
+        f"ours compiled {compiled} kernel signatures in the measured process (a cold Numba "
+        "cache): its peak RSS and times include LLVM's; run the bench again for warm figures."
+    )
+
+
 def _emit(event: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()

@@ -77,7 +77,7 @@ def bench_engine(
     )
     from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.targets import ENGINE_TARGETS, print_targets
-    from pagedattn.bench.worker import run_worker
+    from pagedattn.bench.worker import compile_note, run_worker
 
     console = Console()
     with cli_errors():
@@ -186,6 +186,8 @@ def bench_engine(
             "" if ref is None else f"{r['generated_tok_s'] / ref:.2f}x",
         )
     console.print(table)
+    if note := compile_note(results["ours"]):
+        console.print(note)
     if len(by_backend) > 1:
         backend_rows = [
             ("generated tok/s", "main.generated_tok_s"),

@@ -47,7 +47,7 @@ def bench_generate(
     from pagedattn.bench.corpus import corpus_token_ids, load_tokenizer, resolve_model_path
     from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.targets import GENERATE_TARGETS, print_targets
-    from pagedattn.bench.worker import run_worker
+    from pagedattn.bench.worker import compile_note, run_worker
 
     console = Console()
     with cli_errors():
@@ -127,12 +127,8 @@ def bench_generate(
             ratio = "" if ours is None or not lc else f"{ours / lc:.2f}x"
             peer_table.add_row(label, _mib(ours), _mib(lc), ratio)
     console.print(table)
-    compiled = results["ours"].get("kernels_compiled", 0)
-    if compiled:
-        console.print(
-            f"ours compiled {compiled} kernel signatures in the measured process (a cold Numba "
-            "cache): its peak RSS includes LLVM's memory; run the bench again for warm figures."
-        )
+    if note := compile_note(results["ours"]):
+        console.print(note)
     if peer_result is None:
         console.print("llama.cpp: not measured (the llama_cpp package is not importable).")
     else:

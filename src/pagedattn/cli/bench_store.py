@@ -42,7 +42,7 @@ def bench_store(
     from rich.console import Console
     from rich.table import Table
 
-    from pagedattn.bench.worker import run_worker
+    from pagedattn.bench.worker import compile_note, run_worker
 
     console = Console()
     with cli_errors():
@@ -82,6 +82,8 @@ def bench_store(
             label, f"{row['ttft_s'] * 1e3:.1f}", str(row["cached_tokens"]), f"{speedup:.1f}x"
         )
     console.print(table)
+    if note := compile_note(figures):
+        console.print(note)
     for name, row in figures["rows"].items():
         if row.get("errors"):
             console.print(f"[yellow]{name} tier errors (misses): {row['errors']}[/yellow]")
