@@ -5,7 +5,8 @@
 # About 25 minutes on 2 cores. With llama.cpp's own tools built (../shared/scripts/build-llama-cpp.sh,
 # never in CI), LLAMA_BATCHED_BENCH=.../llama-batched-bench adds llama.cpp's batched decoding to
 # `bench engine`, and LLAMA_SERVER=.../llama-server runs the online comparison
-# (benchmarks/online/compare.py) last, about 15 minutes more.
+# (benchmarks/online/compare.py) last, default and with int8 activations and a float16 KV
+# cache, about 15 minutes more.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out}
@@ -21,6 +22,9 @@ $B bench engine --json "$OUT/engine.json" > "$OUT/engine.txt" 2>&1
 if [ -n "${LLAMA_SERVER:-}" ]; then
   ${PYTHON:-.venv/bin/python} benchmarks/online/compare.py --llama-server "$LLAMA_SERVER" \
     --concurrency 1,8,32 --num-requests 32 --max-tokens 64 --threads 2 > "$OUT/online.txt" 2>&1
+  ${PYTHON:-.venv/bin/python} benchmarks/online/compare.py --llama-server "$LLAMA_SERVER" \
+    --concurrency 1,8,32 --num-requests 32 --max-tokens 64 --threads 2 \
+    --serve-args "--activations int8 --kv-cache-dtype float16" > "$OUT/online_int8.txt" 2>&1
 fi
 { date; uptime; } >> "$OUT/meta.txt"
 echo "figures in $OUT/"

@@ -88,6 +88,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--serve-args",
+        default="",
+        help="extra `pagedattn serve` flags, one string, e.g. "
+        "'--activations int8 --kv-cache-dtype float16' (llama.cpp's own arithmetic)",
+    )
     args = ap.parse_args()
     model = args.model or str(embedded_model_path())
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -97,7 +103,7 @@ def main() -> None:
     port = free_port()
     cli = str(Path(sys.executable).parent / "pagedattn")
     ours = [cli, "serve", "-m", model, "--port", str(port)]
-    ours += ["--log-level", "warning", "--max-num-seqs", str(max(conc))]
+    ours += ["--log-level", "warning", "--max-num-seqs", str(max(conc)), *args.serve_args.split()]
     with server(ours, port, env, logs / "compare-pagedattn.log") as url:
         figures["pagedattn"] = measure(url, conc, args.num_requests, args.max_tokens)
     binary = args.llama_server and shutil.which(args.llama_server)
@@ -120,7 +126,8 @@ def report(
     ours, peer = figures["pagedattn"], figures.get("llama-server")
     table = Table(
         title=f"online: {args.num_requests} chat requests x {args.max_tokens} tokens, burst, "
-        f"{args.threads} threads; target: output tok/s >= llama-server's"
+        f"{args.threads} threads{', ours with ' + args.serve_args if args.serve_args else ''}; "
+        "target: output tok/s >= llama-server's"
     )
     for col in ("concurrency", "pagedattn tok/s", "TTFT p50", "ITL p50", "llama-server tok/s",
                 "TTFT p50", "ITL p50", "ratio", "target"):  # fmt: skip
