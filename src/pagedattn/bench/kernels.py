@@ -15,14 +15,14 @@ carry over between machines:
   bytes read plus bytes written (``2 * size``, as STREAM's Copy does);
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense
   contiguous float32 ``(batch, heads, context, head_dim)`` K/V (the dtype HF runs the model
-  in, whatever ``kv_cache_dtype`` is), with the same thread count.
-
-The paged kernel, the read pass, the copy and SDPA are timed in turn, one call each per round
-(:func:`interleaved_median_ms`), so every ratio compares the same moments of the machine;
+  in, whatever ``kv_cache_dtype`` is), with the same thread count;
 * ``xp``: with ``backends`` (float32 only), the array-namespace kernel
   (:func:`pagedattn.backends.xp_kernels.paged_attention_decode`) over the same pages and page
   tables moved onto each backend (e.g. torch on the CPU), timed with the device synchronized
   after the others.
+
+The paged kernel, the read pass, the copy and SDPA are timed in turn, one call each per round
+(:func:`interleaved_median_ms`), so every ratio compares the same moments of the machine.
 """
 
 from __future__ import annotations
