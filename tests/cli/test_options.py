@@ -4,12 +4,14 @@ the flag the user typed, `serve` takes `--sliding-window 0` (= off) and `--posit
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from pagedattn.cli import _register
+from pagedattn.cli import _register, options
 from pagedattn.cli.app import app
 from pagedattn.cli.options import flag_message
 
@@ -101,3 +103,43 @@ def test_flag_message_maps_config_fields() -> None:
         "--max-num-seqs: expected an int >= 1, got 0"
     )
     assert flag_message("top_k: expected an int >= -1") == "--top-k: expected an int >= -1"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_build_engine_says_on_a_terminal_when_the_kernels_will_compile(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    monkeypatch.setattr(options, "kernels_cached", lambda: cached)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    args = dict(page_size=4, kv_cache_mib=1.0, sliding_window=0, sinks=0)
+    options.build_engine(str(tiny_gguf), **args, position_mode="absolute")
+    assert (options.COMPILE_NOTICE in terminal.getvalue()) == (not cached)
+    pipe = io.StringIO()  # not a terminal (a log, CliRunner): never said
+    monkeypatch.setattr(sys, "stderr", pipe)
+    options.build_engine(str(tiny_gguf), **args, position_mode="absolute")
+    assert pipe.getvalue() == ""
+
+
+def test_kernels_cached_reads_numba_s_index_of_the_decode_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pagedattn.model.decode_layer import decode_layer
+
+    cache_file = decode_layer._cache._cache_file
+    assert isinstance(cache_file._load_index(), dict)  # the private API it relies on
+    monkeypatch.setattr(cache_file, "_load_index", lambda: {})  # missing, or stamped otherwise
+    assert options.kernels_cached() is False
+    monkeypatch.setattr(cache_file, "_load_index", lambda: {"signature": "entry"})
+    assert options.kernels_cached() is True
+
+    def broken() -> dict[str, str]:
+        raise AttributeError("a Numba without this API")
+
+    monkeypatch.setattr(cache_file, "_load_index", broken)
+    assert options.kernels_cached() is True  # unknown: say nothing

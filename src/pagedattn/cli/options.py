@@ -240,7 +240,29 @@ def build_engine(
         activations=activations,
         kv_cache_dtype=kv_cache_dtype,
     )
-    return LLMEngine.from_config(config)
+    engine = LLMEngine.from_config(config)
+    if backend == "numpy" and sys.stderr.isatty() and not kernels_cached():
+        print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+    return engine
+
+
+COMPILE_NOTICE = (
+    "compiling the kernels: the first run after an install or an edit of kernels/ or model/ "
+    "takes a few minutes (about 3 on 2 cores); later runs load them from Numba's cache"
+)
+
+
+def kernels_cached() -> bool:
+    """False when Numba's cache lacks the fused decode layer for today's sources (no index
+    file, or one stamped for other sources: see :mod:`pagedattn.kernels.numba_cache`), i.e. the
+    first request will compile every kernel; True when it is there, or when Numba's private
+    cache API (``_cache._cache_file._load_index``) is not as expected."""
+    from pagedattn.model.decode_layer import decode_layer
+
+    try:
+        return bool(decode_layer._cache._cache_file._load_index())  # type: ignore[attr-defined]
+    except Exception:  # a private API: unknown means "say nothing"
+        return True
 
 
 def build_sampling_params(
