@@ -2,11 +2,11 @@
 # Issue 13's figures in one go, every peer in the same run (HF transformers from the test extra,
 # llama.cpp when llama-cpp-python is importable): the bench commands one after another, nothing
 # else running. Usage: benchmarks/issue13.sh [OUT_DIR]   (default: bench-out/)
-# About 25 minutes on 2 cores. With llama.cpp's own tools built (../shared/scripts/build-llama-cpp.sh,
+# About 15 minutes on 2 cores. With llama.cpp's own tools built (../shared/scripts/build-llama-cpp.sh,
 # never in CI), LLAMA_BATCHED_BENCH=.../llama-batched-bench adds llama.cpp's batched decoding to
 # `bench engine`, and LLAMA_SERVER=.../llama-server runs the online comparison
 # (benchmarks/online/compare.py) last, default and with int8 activations and a float16 KV
-# cache, about 15 minutes more.
+# cache, about 8 minutes more.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out}

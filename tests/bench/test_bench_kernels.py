@@ -66,7 +66,7 @@ def test_bench_kernels_prints_a_section_per_kv_dtype() -> None:
     [
         (["--backend", "jax"], 2, "backend 'jax' is unknown"),
         (["--backend", "cupy", "--device", "cpu"], 2, "does not run on device 'cpu'"),
-        (["--kv-cache-dtype", "bfloat16"], 1, "--kv-cache-dtype must be one of"),
+        (["--kv-cache-dtype", "bfloat16"], 1, "--kv-cache-dtype: expected one of"),
         (["--kv-cache-dtype", "float16", "--backend", "numpy"], 1, "float32 pools only"),
     ],
 )

@@ -209,7 +209,7 @@ def check_decode_options(kv_cache_dtype: str, backends: Sequence[BackendSpec]) -
 
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(
-            f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}"
+            f"--kv-cache-dtype: expected one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}"
         )
     if backends and kv_cache_dtype != "float32":
         raise ValueError("--backend times the xp kernel on float32 pools only")

@@ -16,10 +16,14 @@ from pagedattn.cli.options import cli_errors
 def bench_kernels(
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per measurement (median).")] = 20,
     batch: Annotated[
-        list[int] | None, typer.Option(min=1, help="Batch size; repeat for several.")
+        list[int] | None,
+        typer.Option(min=1, help="Batch size; repeat for several (default: 1 and 32)."),
     ] = None,
     context: Annotated[
-        list[int] | None, typer.Option(min=1, help="KV tokens per sequence; repeat for several.")
+        list[int] | None,
+        typer.Option(
+            min=1, help="KV tokens per sequence; repeat for several (default: 512, 2048, 8192)."
+        ),
     ] = None,
     backend: Annotated[
         list[str] | None,
