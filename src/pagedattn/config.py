@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedattn.backends import validate_backend
+from pagedattn.backend_spec import validate_backend
 
 # How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
 # int8 (opt-in, not exact) quantizes them per 32-input block as llama.cpp does.

@@ -22,7 +22,7 @@ def tiny_on(spec: BackendSpec, seed: int = 0) -> Any:
     weights = random_weights(config, seed)
     if spec.name == "numpy":
         return LlamaModel(config, weights)
-    from pagedattn.backends.torch_model import TorchLlamaModel
+    from pagedattn.model.torch_model import TorchLlamaModel
 
     return TorchLlamaModel(config, weights, device=spec.device)
 

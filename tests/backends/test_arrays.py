@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pagedattn.backends import BackendSpec
-from pagedattn.backends.arrays import backend_array, host_ints, paged_ops, to_backend, to_host
+from pagedattn.backends.arrays import backend_array, host_ints, to_backend, to_host
+from pagedattn.backends.paged_ops import paged_ops
 from pagedattn.kernels import paged_attention_decode
 
 TORCH_CPU = BackendSpec("torch", "cpu")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pagedattn.backends import BackendSpec
-from pagedattn.backends.models import build_model
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
+from pagedattn.model.build import build_model
 from pagedattn.model.loader import load_model
 from pagedattn.sampling_params import SamplingParams
 from tests.backends.helpers import Recorder

@@ -15,7 +15,7 @@ from pagedattn.model.forward_batch import ForwardBatch
 from tests.kernels.helpers import scatter_sequences
 
 torch = pytest.importorskip("torch")
-from pagedattn.backends.torch_attention import TorchStepAttention  # noqa: E402
+from pagedattn.model.torch_attention import TorchStepAttention  # noqa: E402
 
 CASES = [
     # (k_lens, q_lens, page_size, num_heads, num_kv_heads, window, sinks, shifted)

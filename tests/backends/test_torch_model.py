@@ -12,7 +12,7 @@ from tests.backends.helpers import Recorder, run, tiny_on
 from tests.model.tiny import random_weights, tiny_config
 
 torch = pytest.importorskip("torch")
-from pagedattn.backends.torch_model import TorchLlamaModel  # noqa: E402
+from pagedattn.model.torch_model import TorchLlamaModel  # noqa: E402
 
 NUMPY = BackendSpec("numpy", "cpu")
 

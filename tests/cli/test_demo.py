@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from pagedattn.cli import _register
 from pagedattn.cli.app import app
-from pagedattn.demo import run_demo
+from pagedattn.stream.demo import run_demo
 
 
 def _invoke(*args: str) -> tuple[int, str]:
@@ -51,7 +51,7 @@ def test_demo_lru_without_window_evicts() -> None:
 
 
 def test_demo_reports_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedattn.cache import stream
+    from pagedattn.stream import kv_stream as stream
 
     real_step = stream.KVStream.step
 

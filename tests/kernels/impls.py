@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from pagedattn.backends import BackendError, BackendSpec, resolve_backend
-from pagedattn.backends.arrays import PagedOps, paged_ops, to_backend, to_host
+from pagedattn.backends.arrays import to_backend, to_host
+from pagedattn.backends.paged_ops import PagedOps, paged_ops
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 import pagedattn.cli.generate  # noqa: F401  (registers the command)
 import pagedattn.model.quantized as quantized
 from pagedattn.backends import BackendSpec
-from pagedattn.backends.models import build_model
 from pagedattn.cli.app import app
 from pagedattn.config import EngineConfig
 from pagedattn.engine.llm import LLM
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.model.block_dot import host_has_avx2
+from pagedattn.model.build import build_model
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul

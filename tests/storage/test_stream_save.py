@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pagedattn.cache.stream import KVStream
 from pagedattn.storage.record import RecordError
+from pagedattn.stream.kv_stream import KVStream
 
 CONFIG: dict[str, Any] = dict(
     num_heads=4, num_kv_heads=2, head_dim=8, page_size=4, max_pages=5, sliding_window=9,

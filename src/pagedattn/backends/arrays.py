@@ -1,21 +1,17 @@
-"""Arrays across the host / backend boundary, and the paged-attention functions of a backend.
+"""Arrays across the host / backend boundary.
 
 Only small things cross (token ids, page tables, context lengths, one token's q/k/v in
-:class:`pagedattn.cache.stream.KVStream`, pages saved to or loaded from a storage tier); the
+:class:`pagedattn.stream.kv_stream.KVStream`, pages saved to or loaded from a storage tier); the
 page pool and the attention state stay on the backend's device.
 
 * :func:`to_backend` moves a host NumPy array onto a backend (a view for NumPy, a copy onto
   the device for torch CUDA and CuPy);
 * :func:`to_host` brings any NumPy / torch / CuPy array back as NumPy;
-* :func:`paged_ops` gives a backend's ``write_kv`` / ``paged_attention_decode`` /
-  ``paged_attention_prefill``: the Numba kernels for ``numpy``, the array-namespace kernels
-  (:mod:`pagedattn.backends.xp_kernels`) for ``torch`` and ``cupy``.
+* :func:`host_ints` and :func:`backend_array` check what crosses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,35 +81,6 @@ def host_ints(a: Any) -> Any:
     if is_array_api_obj(a) and not is_numpy_array(a):
         return to_host(a)
     return a
-
-
-@dataclass(frozen=True)
-class PagedOps:
-    """The three paged-attention functions of one backend (same signatures everywhere:
-    :mod:`pagedattn.kernels.paged`)."""
-
-    write_kv: Callable[..., None]
-    paged_attention_decode: Callable[..., Any]
-    paged_attention_prefill: Callable[..., Any]
-
-
-def paged_ops(spec: BackendSpec) -> PagedOps:
-    """``write_kv`` and the paged decode / prefill attention for ``spec``.
-
-    ``numpy`` gets the Numba kernels of :mod:`pagedattn.kernels` (host arrays only); ``torch``
-    and ``cupy`` get :mod:`pagedattn.backends.xp_kernels`, which run on the arrays' own device.
-    """
-    if spec.name == "numpy":
-        from pagedattn import kernels
-
-        return PagedOps(
-            kernels.write_kv, kernels.paged_attention_decode, kernels.paged_attention_prefill
-        )
-    from pagedattn.backends import xp_kernels
-
-    return PagedOps(
-        xp_kernels.write_kv, xp_kernels.paged_attention_decode, xp_kernels.paged_attention_prefill
-    )
 
 
 def backend_array(name: str, a: Any, spec: BackendSpec, shape: tuple[int, ...], names: str) -> Any:

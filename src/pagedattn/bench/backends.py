@@ -62,7 +62,7 @@ def worker_model(loaded: LoadedModel, args: dict[str, Any]) -> Any:
     Raises:
         BackendError: the library or device is missing, or cupy.
     """
-    from pagedattn.backends.models import build_model, resolve_model_backend
+    from pagedattn.model.build import build_model, resolve_model_backend
 
     spec = resolve_model_backend(args.get("backend", "numpy"), args.get("device"))
     if spec.name == "torch":

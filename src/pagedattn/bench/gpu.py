@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     from pagedattn.backends import BackendError
-    from pagedattn.backends.torch_model import TorchLlamaModel
+    from pagedattn.model.torch_model import TorchLlamaModel
 
     sizes = QUICK if args.quick else FULL
     config = ModelConfig(**{**SMOLLM2_SHAPE, "num_layers": sizes["layers"]})

@@ -51,7 +51,7 @@ def demo(
 
     from pagedattn.backends import resolve_backend
     from pagedattn.cli.options import cli_errors
-    from pagedattn.demo import run_demo
+    from pagedattn.stream.demo import run_demo
 
     if sliding_window:
         need = -(-sliding_window // page_size) + 1 + -(-sinks // page_size)

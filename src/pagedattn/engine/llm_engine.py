@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedattn.backends.models import build_model, model_backend, resolve_model_backend
 from pagedattn.cache import CacheManager, PagePool, cache_namespace
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine.model_runner import Model, ModelRunner
@@ -25,6 +24,7 @@ from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.sequence_group import SequenceGroup
+from pagedattn.model.build import build_model, model_backend, resolve_model_backend
 from pagedattn.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class LLMEngine:
         if model_backend(model) != self.backend:
             raise ValueError(
                 f"backend: the model runs on {model_backend(model)}, the engine config asks "
-                f"for {self.backend}; build it with pagedattn.backends.models.build_model"
+                f"for {self.backend}; build it with pagedattn.model.build.build_model"
             )
         if getattr(model, "activations", "float32") != config.activations:
             raise ValueError(

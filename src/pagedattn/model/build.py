@@ -4,7 +4,7 @@ agree.
 | backend | model |
 |---|---|
 | ``numpy`` / ``cpu`` | :class:`pagedattn.model.llama.LlamaModel` (GGUF blocks in place, Numba) |
-| ``torch`` / ``cpu``, ``cuda`` | :class:`pagedattn.backends.torch_model.TorchLlamaModel` |
+| ``torch`` / ``cpu``, ``cuda`` | :class:`pagedattn.model.torch_model.TorchLlamaModel` |
 | ``cupy`` / ``cuda`` | none: CuPy serves ``KVStream`` and the kernels; refused here |
 """
 
@@ -71,7 +71,7 @@ def build_model(
             f"activations: {activations} runs on the numpy backend only (got {spec.name})"
         )
     if spec.name == "torch":
-        from pagedattn.backends.torch_model import TorchLlamaModel
+        from pagedattn.model.torch_model import TorchLlamaModel
 
         return TorchLlamaModel.from_loaded(loaded, device=spec.device, dtype=dtype)
     raise BackendError(CUPY_MODEL)

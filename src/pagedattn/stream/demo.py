@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pagedattn.cache.manager import EvictionPolicy
-from pagedattn.cache.stream import KVStream
+from pagedattn.stream.kv_stream import KVStream
 
 
 @dataclass

@@ -208,7 +208,7 @@ class KVStream:
             import pagedattn.kernels as numba_ops
 
             return numba_ops
-        from pagedattn.backends.arrays import paged_ops
+        from pagedattn.backends.paged_ops import paged_ops
 
         return paged_ops(self.backend)
 

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pagedattn.backends import BackendSpec, array_module, resolve_backend
-from pagedattn.backends.torch_attention import TorchStepAttention
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.rope import rope_cos_sin
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import BlockQuantized, Matrix
+from pagedattn.model.torch_attention import TorchStepAttention
 from pagedattn.model.weights import check_weights, expected_weight_shapes
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import pytest
 
 from pagedattn.backends import BackendError
 from pagedattn.backends.arrays import to_host
-from pagedattn.cache.stream import KVStream
 from pagedattn.kernels import reference_attention
+from pagedattn.stream.kv_stream import KVStream
 from tests.kernels.impls import skip_reason
 
 H, HKV, D = 6, 2, 8

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pagedattn.cache import OutOfPagesError
-from pagedattn.cache.stream import KVStream
 from pagedattn.kernels import reference_attention
+from pagedattn.stream.kv_stream import KVStream
 
 H, HKV, D = 4, 2, 8
 
