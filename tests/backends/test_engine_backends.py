@@ -84,7 +84,7 @@ def test_n_forks_copy_the_partial_page_and_equal_solo_seeded_runs(backend: Backe
     params = SamplingParams(n=3, temperature=0.9, seed=21, max_tokens=10, ignore_eos=True)
     engine = engine_on(backend, tiny_on(backend), page_size=4, num_pages=128)
     copies: list[tuple[int, int]] = []
-    pool_copy = engine.runner.copy_pages
+    pool_copy = engine.scheduler.copy_pages
     assert pool_copy is not None
 
     def spy(pairs):  # type: ignore[no-untyped-def]
@@ -92,7 +92,7 @@ def test_n_forks_copy_the_partial_page_and_equal_solo_seeded_runs(backend: Backe
         copies.extend(pairs)
         pool_copy(pairs)
 
-    engine.runner.copy_pages = spy
+    engine.scheduler.copy_pages = spy
     out = drain(engine, {0: [("f", prompt, params)]})["f"]
     assert copies, "the fork copied no page"
     by_index: dict[int, list[int]] = {}

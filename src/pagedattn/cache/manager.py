@@ -3,7 +3,7 @@
 The engine-facing half of the paged KV cache (vLLM v1 ``KVCacheManager``, Kwon et al.,
 "Efficient Memory Management for LLM Serving with PagedAttention", SOSP 2023). It never touches
 KV data: it returns slot mappings and page tables for the kernels, and fork returns the page
-copies the caller applies with :meth:`PagePool.copy_pages`.
+copies the caller applies at once with :meth:`PagePool.copy_pages`.
 
 Reserved is not written: :meth:`CacheManager.append_slots` hands out slots and registers the
 pages that became full so that requests admitted in the same step can share them (the forward
@@ -21,19 +21,22 @@ written, and holding no sink token, goes back to the pool at once; its page-tabl
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import logging
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
-from pagedattn.cache.hashing import prefix_page_hashes
+from pagedattn.cache.hashing import PageHash, prefix_page_hashes
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
 from pagedattn.cache.tier_pages import computed_pages, restore_pages
 
 if TYPE_CHECKING:
     from pagedattn.storage.tier import KVTier
+
+logger = logging.getLogger("pagedattn.cache")
 
 EvictionPolicy = Literal["reclaim", "evict_idle", "raise"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("reclaim", "evict_idle", "raise")
@@ -92,6 +95,9 @@ class CacheManager:
         self.allocator = PageAllocator(num_pages, namespace)
         self.tier = tier
         self.tier_restored_tokens = 0
+        #: tier failures absorbed: "lookup" lookups that raised (a miss), "write" pages
+        #: whose write-through raised (not stored)
+        self.tier_errors: Counter[str] = Counter()
         self.page_size = page_size
         self.namespace = namespace
         self.sliding_window = sliding_window
@@ -183,6 +189,9 @@ class CacheManager:
             seq_id: any hashable id not in use.
             prompt_token_ids: (prompt_len,) integer token ids (may be empty).
 
+        With a tier, a miss restores the following pages from it; a tier that raises is a
+        miss for the pages it did not restore (counted in ``tier_errors["lookup"]``).
+
         Returns:
             num_cached_tokens, a multiple of page_size, < prompt_len (0 for an empty prompt).
 
@@ -209,17 +218,36 @@ class CacheManager:
                 parent_serial = record.serial
             for page_id in seq.page_table:
                 self.allocator.touch(page_id)
-            if self.tier is not None and len(seq.page_table) < len(hashes):
-                self.tier_restored_tokens += restore_pages(
-                    self.tier, self.allocator, seq, tokens, hashes, parent_serial,
-                    self.page_size, max_pages=self.num_free_pages, reclaim=self._reclaim,
-                )  # fmt: skip
+            try:
+                if self.tier is not None and len(seq.page_table) < len(hashes):
+                    self._restore(seq, tokens, hashes, parent_serial)
+            except BaseException:  # e.g. KeyboardInterrupt: give back every page taken
+                for page_id in reversed(seq.page_table):
+                    self.allocator.release(page_id)
+                raise
             seq.num_tokens = seq.num_written_tokens = len(seq.page_table) * ps
             seq.token_ids.extend(int(t) for t in tokens[: seq.num_tokens])
             self.prefix_query_tokens += len(tokens)
             self.prefix_hit_tokens += seq.num_tokens
         self._seqs[seq_id] = seq
         return seq.num_tokens
+
+    def _restore(
+        self, seq: SequencePages, tokens: np.ndarray, hashes: list[PageHash], parent: int | None
+    ) -> None:
+        """Restore the pages after the in-memory hits from the tier; a store that raises is
+        a miss for the pages not restored yet, counted in ``tier_errors["lookup"]``."""
+        assert self.tier is not None
+        before = len(seq.page_table)
+        try:
+            restore_pages(
+                self.tier, self.allocator, seq, tokens, hashes, parent,
+                self.page_size, max_pages=self.num_free_pages, reclaim=self._reclaim,
+            )  # fmt: skip
+        except Exception:
+            self.tier_errors["lookup"] += 1
+            logger.warning("kv_store lookup failed: a prefix-cache miss", exc_info=True)
+        self.tier_restored_tokens += (len(seq.page_table) - before) * self.page_size
 
     def append_slots(self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Reserve KV slots for new tokens; a page is allocated when its first token arrives.
@@ -264,6 +292,9 @@ class CacheManager:
         full pages it completed to the tier (write-through; a no-op without a tier). See
         :func:`pagedattn.cache.tier_pages.computed_pages`.
 
+        A tier that raises loses those pages' copy (counted in ``tier_errors["write"]``);
+        the step and the pool are unaffected.
+
         Returns:
             The number of pages queued.
 
@@ -273,7 +304,13 @@ class CacheManager:
         if self.tier is None:
             return 0
         page_ids, keys = computed_pages(self._get(seq_id), start, end, self.page_size)
-        self.tier.write(page_ids, keys)
+        try:
+            self.tier.write(page_ids, keys)
+        except Exception:  # the pages stay in the pool: only the tier's copy is lost
+            self.tier_errors["write"] += len(page_ids)
+            logger.warning("kv_store write failed: %d page(s) not stored", len(page_ids),
+                           exc_info=True)  # fmt: skip
+            return 0
         return len(page_ids)
 
     def commit_written(self, seq_id: Hashable, num_tokens: int | None = None) -> list[int]:
@@ -315,13 +352,44 @@ class CacheManager:
                 written.append(page_id)
         return written
 
+    def unreserve(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Take back the slots reserved past ``num_tokens`` (a step that was scheduled but
+        never run): pages the sequence registered past it leave the prefix index, pages past
+        its new last page go back to the pool. Window trimming is not undone (the next
+        reservation at that position would trim the same pages).
+
+        Raises:
+            KeyError: unknown seq_id. ValueError: ``num_tokens`` below the written tokens or
+                above the reserved ones.
+        """
+        seq = self._get(seq_id)
+        if not seq.num_written_tokens <= num_tokens <= seq.num_tokens:
+            raise ValueError(
+                f"num_tokens: expected {seq.num_written_tokens} <= n <= {seq.num_tokens}, "
+                f"got {num_tokens}"
+            )
+        ps, keep = self.page_size, -(-num_tokens // self.page_size)
+        for i in range(num_tokens // ps, len(seq.page_table)):
+            if seq.page_table[i] != -1 and self._registered_here(seq, i):
+                self.allocator.unregister(seq.page_table[i])  # reserved, never written
+        for page_id in reversed(seq.page_table[keep:]):
+            if page_id != -1:
+                self.allocator.release(page_id)
+        del seq.page_table[keep:]
+        seq.num_tokens = num_tokens
+        if self.enable_prefix_caching:
+            del seq.token_ids[num_tokens:]
+            del seq.page_hashes[num_tokens // ps :]
+            del seq.serials[num_tokens // ps :]
+
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
         """Create ``child_id`` sharing the parent's full pages; its partial last page is copied.
 
         Returns:
             ``[(src_page, dst_page)]`` page copies the caller must apply to the KV storage
-            (:meth:`PagePool.copy_pages`) before the child writes; empty when the parent's
-            last page is full.
+            (:meth:`PagePool.copy_pages`) at once, before any page can be freed or allocated
+            again (the source is the parent's, the destination the child's alone); empty
+            when the parent's last page is full.
 
         Raises:
             KeyError: unknown parent. ValueError: child_id in use.

@@ -66,6 +66,10 @@ def restore_pages(
 
     Returns:
         Tokens restored (a multiple of page_size).
+
+    Raises:
+        Whatever the tier's lookup or load raises. ``seq`` then holds the pages restored
+        before the error (each complete, registered and written) and no page was leaked.
     """
     ps, first = page_size, len(seq.page_table)
     keys = [
@@ -77,7 +81,11 @@ def restore_pages(
     restored = 0
     for key, kv in zip(keys, tier.lookup(keys), strict=False):
         page_id = allocator.allocate(reclaim_cached=reclaim)
-        tier.load(page_id, kv)
+        try:
+            tier.load(page_id, kv)
+        except BaseException:
+            allocator.free(page_id)  # the pages restored before it stay in ``seq``, valid
+            raise
         serial = allocator.register(
             page_id, key.page_hash, key.parent_hash, key.token_ids, parent_serial
         )

@@ -122,7 +122,9 @@ class LLMEngine:
         max_model_len = sc.max_model_len
         if max_model_len is None and bounded:
             max_model_len = mc.max_position_embeddings
-        self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_model_len)
+        self.scheduler = Scheduler(
+            cc, sc, self.cache_manager, eos, max_model_len, copy_pages=self.page_pool.copy_pages
+        )
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
         self.runner = ModelRunner(
@@ -131,7 +133,6 @@ class LLMEngine:
             cc,
             vocab_size=self.vocab_size,
             eos_token_ids=eos,
-            copy_pages=self.page_pool.copy_pages,
         )
         self._decode_token = (
             None if tokenizer is None else functools.lru_cache(maxsize=65536)(self._decode_one)

@@ -17,7 +17,7 @@ masked (:func:`mask_padded_vocab`) before logprobs and sampling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,8 +47,6 @@ class ModelRunner:
         vocab_size: the tokenizer's vocabulary size; logits of ids at or past it (padded
             embedding rows) are masked. None = the whole logits row is vocabulary.
         eos_token_ids: end-of-sequence ids (masked while a request's ``min_tokens`` runs).
-        copy_pages: applies ``(src, dst)`` page copies to the KV storage
-            (:meth:`PagePool.copy_pages`); needed for forked sequences.
     """
 
     def __init__(
@@ -59,14 +57,12 @@ class ModelRunner:
         *,
         vocab_size: int | None = None,
         eos_token_ids: Collection[int] = (),
-        copy_pages: Callable[[Iterable[tuple[int, int]]], None] | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
         self.cache_config = cache_config
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(sorted(eos_token_ids))
-        self.copy_pages = copy_pages
 
     @staticmethod
     def prompt_rows(s: ScheduledSeq) -> range:
@@ -128,8 +124,8 @@ class ModelRunner:
         return np.asarray(self.model.forward(self.build(batch), self.kv))
 
     def run(self, batch: ScheduledBatch) -> SamplerOutput:
-        """Run one step: apply the batch's page copies, run the model, take prompt logprobs,
-        sample one token per sample row (see :class:`SamplerOutput`).
+        """Run one step: run the model, take prompt logprobs, sample one token per sample
+        row (see :class:`SamplerOutput`).
 
         Returns:
             The step's SamplerOutput (a row that could not be sampled is in its ``errors``:
@@ -138,10 +134,6 @@ class ModelRunner:
         Raises:
             Whatever the model raises: the whole step failed.
         """
-        if batch.page_copies:
-            if self.copy_pages is None:
-                raise ValueError("page_copies: this runner was built without copy_pages")
-            self.copy_pages(batch.page_copies)
         if not batch.seqs:
             return SamplerOutput.empty()
         logits = self.logits(batch)

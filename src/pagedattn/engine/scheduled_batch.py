@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,13 +41,10 @@ class ScheduledBatch:
     Attributes:
         seqs: the scheduled sequences, in batch order.
         page_tables: (len(seqs), max_pages_per_seq) int32 page ids, -1 padded / evicted.
-        page_copies: ``(src_page, dst_page)`` KV copies to apply before the forward (the
-            partially filled last page of a forked sequence, copy-on-write).
     """
 
     seqs: list[ScheduledSeq]
     page_tables: np.ndarray
-    page_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

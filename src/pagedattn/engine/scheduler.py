@@ -19,16 +19,18 @@ prefill mixed with decodes). Each sequence only tracks ``num_computed_tokens``; 
    (preempted) sequence takes its arrival-order place in the running list, so it runs, and
    is preempted, as the older request it is.
 
-After the model ran, :meth:`Scheduler.postprocess` first commits the step's KV
-(:meth:`Scheduler.commit_written`, the only point where pages enter the prefix index); a step
-whose forward raised is failed instead (:meth:`Scheduler.fail_step`): only its requests end,
-with an error, and nothing they reserved was ever made visible.
+Every phase of a step commits or rolls back. :meth:`Scheduler.schedule` that raises gives
+back every reservation it made (the sequences are as before the call). After the model ran,
+:meth:`Scheduler.postprocess` first commits the step's KV (:meth:`Scheduler.commit_written`,
+the only point where pages enter the prefix index), then applies each request's tokens; a
+request whose part of that raises finishes alone with an error. A step whose forward raised is
+failed instead (:meth:`Scheduler.fail_step`): only its requests end, with an error, and nothing
+they reserved was ever made visible.
 
 A request that can never fit is rejected at once (see :meth:`Scheduler.add`). A request with
 ``n`` / ``best_of`` > 1 is one prefill; when its sequence samples its first token it forks
-(``CacheManager.fork``: shared full pages, the partial last page copied by the next step's runner)
-into the request's other sequences, which then run as independent sequences. A child that finds
-no page for its copy starts waiting, like a preempted sequence (recomputed, prefix cache hits).
+into the request's other sequences, which then run as independent sequences (see
+:mod:`pagedattn.engine.forks`: shared full pages, the partial last page copied in that step).
 A sequence asking for prompt logprobs skips the prefix cache (a cached page has no logits).
 """
 
@@ -39,9 +41,11 @@ import time
 from collections import deque
 from collections.abc import Collection
 
-from pagedattn.cache import CacheManager, OutOfPagesError
+from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import rejection, request_pages
+from pagedattn.engine.forks import CopyPages, fork_children
+from pagedattn.engine.logprobs import TokenLogprobs
 from pagedattn.engine.outputs import FINISH_ABORT, FINISH_ERROR, RequestOutput
 from pagedattn.engine.sampler_output import SamplerOutput
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
@@ -59,6 +63,8 @@ class Scheduler:
         cache_manager: the page tables (its pool size bounds what fits).
         eos_token_ids: ids that end generation unless ``ignore_eos``.
         max_model_len: most tokens (prompt + generated) per request, None = unbounded.
+        copy_pages: applies a fork's page copies to the KV (:meth:`PagePool.copy_pages`);
+            None = requests with ``n`` / ``best_of`` > 1 fail when they fork.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Scheduler:
         cache_manager: CacheManager,
         eos_token_ids: Collection[int],
         max_model_len: int | None,
+        copy_pages: CopyPages | None = None,
     ) -> None:
         self.cache_config = cache_config
         self.config = scheduler_config
@@ -79,7 +86,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._requests: dict[str, SequenceGroup] = {}
         self._pending: list[RequestOutput] = []  # finished outside a step (reject, abort)
-        self._page_copies: list[tuple[int, int]] = []  # forks of the last step, for the next
+        self.copy_pages = copy_pages
 
     # ---- requests --------------------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
@@ -182,9 +189,33 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        """Pick this step's tokens and reserve their KV slots (see the module doc)."""
-        budget = self.config.max_num_batched_tokens
+        """Pick this step's tokens and reserve their KV slots (see the module doc).
+
+        Raises:
+            Whatever the cache raises (a bug): every reservation of this call is given back
+            first and every admitted sequence waits again where it was; preemptions stand
+            (each is complete on its own).
+        """
         scheduled: list[ScheduledSeq] = []
+        admitted: list[Sequence] = []
+        try:
+            self._schedule(scheduled, admitted)
+            page_tables = self.cache.page_tables([s.seq.seq_id for s in scheduled])
+        except BaseException:
+            self._roll_back(scheduled, admitted)
+            raise
+        now = time.monotonic()
+        for seq in admitted:  # visible once the whole batch was reserved
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+                seq.num_cached_tokens = seq.num_computed_tokens
+                self.stats.num_prompt_tokens += seq.num_prompt_tokens
+                self.stats.prefix_cache_queries += seq.num_prompt_tokens
+                self.stats.prefix_cache_hits += seq.num_computed_tokens
+        return ScheduledBatch(seqs=scheduled, page_tables=page_tables)
+
+    def _schedule(self, scheduled: list[ScheduledSeq], admitted: list[Sequence]) -> None:
+        budget = self.config.max_num_batched_tokens
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
@@ -207,14 +238,27 @@ class Scheduler:
             i += 1
         if not preempted:
             while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-                item = self._admit(self.waiting[0], budget)
-                if item is None:
+                seq = self.waiting[0]
+                n = self._admit(seq, budget)
+                if n == 0:
                     break
-                scheduled.append(item)
-                budget -= item.num_new_tokens
-        page_tables = self.cache.page_tables([s.seq.seq_id for s in scheduled])
-        copies, self._page_copies = self._page_copies, []
-        return ScheduledBatch(seqs=scheduled, page_tables=page_tables, page_copies=copies)
+                admitted.append(seq)
+                scheduled.append(self._reserve(seq, n))
+                budget -= n
+
+    def _roll_back(self, scheduled: list[ScheduledSeq], admitted: list[Sequence]) -> None:
+        """Undo a :meth:`schedule` that raised, newest reservation first."""
+        for item in reversed(scheduled):
+            if item.seq not in admitted:
+                self.cache.unreserve(item.seq.seq_id, item.seq.num_computed_tokens)
+        for seq in reversed(admitted):
+            if seq.seq_id in self.cache:
+                self.cache.free_sequence(seq.seq_id)
+            if seq in self.running:
+                self.running.remove(seq)
+                self.waiting.appendleft(seq)
+            seq.status = SequenceStatus.WAITING
+            seq.num_computed_tokens = 0
 
     def commit_written(self, batch: ScheduledBatch) -> None:
         """The step's commit point: its forward succeeded, so every scheduled sequence's KV is
@@ -261,33 +305,16 @@ class Scheduler:
         row = 0
         touched: dict[str, SequenceGroup] = {}
         for item in batch.seqs:
-            seq = item.seq
-            if seq.seq_id in out.prompt_logprobs:
-                seq.add_prompt_logprobs(*out.prompt_logprobs[seq.seq_id])
-            group = self._requests[seq.request_id]
-            if not item.samples:
-                if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
-                    seq.finish("length", now)  # prompt logprobs only
-                    group.finish_unforked("length", now)
-                    self._retire(seq, group)
-                    touched[seq.request_id] = group
+            seq, first_row = item.seq, row
+            row += (1 + len(seq.fork_children)) if item.samples else 0
+            group = self._requests.get(seq.request_id)
+            if group is None or seq.is_finished:  # its request failed earlier in this loop
                 continue
-            children, seq.fork_children = seq.fork_children, []
-            for s in (seq, *(self._fork(seq, c) for c in children)):
-                token_id = int(out.token_ids[row])
-                error = out.errors.get(row)
-                if error is None:
-                    try:
-                        s.append_token(token_id, self.eos_token_ids, now, logprobs[row])
-                        self.stats.num_generation_tokens += 1
-                    except Exception as exc:  # this request's text, not the step's
-                        error = f"token {token_id}: {type(exc).__name__}: {exc}"
-                row += 1
-                if error is not None:
-                    s.finish(FINISH_ERROR, now, error=error)
-                if s.is_finished:
-                    self._retire(s, group)
             touched[seq.request_id] = group
+            try:
+                self._apply(item, group, out, logprobs, first_row, now)
+            except Exception as exc:  # this request's bookkeeping, not the step's
+                self._fail_group(group, f"{type(exc).__name__}: {exc}", now)
         for group in touched.values():
             delta = group.take_output()
             if delta is not None:
@@ -295,6 +322,57 @@ class Scheduler:
         if batch.seqs:
             self.stats.record_step(len(batch.seqs), batch.num_tokens)
         return outputs
+
+    def _apply(
+        self,
+        item: ScheduledSeq,
+        group: SequenceGroup,
+        out: SamplerOutput,
+        logprobs: list[TokenLogprobs | None],
+        row: int,
+        now: float,
+    ) -> None:
+        """One scheduled sequence's share of :meth:`postprocess`: prompt logprobs, its fork,
+        the sampled tokens (from ``row`` on), finishing and freeing."""
+        seq = item.seq
+        if seq.seq_id in out.prompt_logprobs:
+            seq.add_prompt_logprobs(*out.prompt_logprobs[seq.seq_id])
+        if not item.samples:
+            if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
+                seq.finish("length", now)  # prompt logprobs only
+                group.finish_unforked("length", now)
+                self._retire(seq, group)
+            return
+        children, seq.fork_children = seq.fork_children, []
+        if children:
+            if self.copy_pages is None:
+                raise ValueError("n / best_of > 1: this scheduler has no copy_pages")
+            new = fork_children(seq, children, self.cache, self.copy_pages)
+            for child in new.running:
+                bisect.insort(self.running, child, key=lambda s: s.seq_id)
+            self.waiting.extendleft(reversed(new.waiting))
+        for s in (seq, *children):  # a waiting child keeps its token and is recomputed
+            token_id = int(out.token_ids[row])
+            error = out.errors.get(row)
+            if error is None:
+                try:
+                    s.append_token(token_id, self.eos_token_ids, now, logprobs[row])
+                    self.stats.num_generation_tokens += 1
+                except Exception as exc:  # this request's text, not the step's
+                    error = f"token {token_id}: {type(exc).__name__}: {exc}"
+            row += 1
+            if error is not None:
+                s.finish(FINISH_ERROR, now, error=error)
+            if s.is_finished:
+                self._retire(s, group)
+
+    def _fail_group(self, group: SequenceGroup, error: str, now: float) -> None:
+        """Finish every unfinished sequence of a request with reason "error" and free it."""
+        group.finish_unforked(FINISH_ERROR, now, error=error)
+        for seq in group.seqs:
+            if not seq.is_finished:
+                seq.finish(FINISH_ERROR, now, error=error)
+                self._retire(seq, group)
 
     def fail_step(self, batch: ScheduledBatch, error: str) -> None:
         """The step's forward raised: finish each of its requests (every sequence of it) with
@@ -309,11 +387,7 @@ class Scheduler:
             group = self._requests.get(request_id)
             if group is None:
                 continue
-            group.finish_unforked(FINISH_ERROR, now, error=error)
-            for seq in group.seqs:
-                if not seq.is_finished:
-                    seq.finish(FINISH_ERROR, now, error=error)
-                    self._retire(seq, group)
+            self._fail_group(group, error, now)
             out = group.take_output()
             if out is not None:
                 self._pending.append(out)
@@ -329,22 +403,6 @@ class Scheduler:
         slots = self.cache.append_slots(seq.seq_id, seq.token_ids[start : start + n])
         samples = start + n == seq.num_tokens and seq.params.max_tokens > 0
         return ScheduledSeq(seq, n, slots, samples=samples)
-
-    def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
-        """Start ``child`` from ``parent``'s pages (copy-on-write of the partial last page);
-        without a free page for the copy it waits and is recomputed like a preempted one."""
-        try:
-            self._page_copies.extend(self.cache.fork(parent.seq_id, child.seq_id))
-        except OutOfPagesError:
-            child.num_computed_tokens = 0
-            child.status = SequenceStatus.WAITING
-            self.waiting.appendleft(child)
-            return child
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
-        child.status = SequenceStatus.RUNNING
-        bisect.insort(self.running, child, key=lambda s: s.seq_id)
-        return child
 
     def _retire(self, seq: Sequence, group: SequenceGroup) -> None:
         """Free a finished sequence; forget its request once every sequence finished."""
@@ -378,33 +436,33 @@ class Scheduler:
         chunk = self.config.prefill_chunk_size
         return min(seq.num_tokens, (start // chunk + 1) * chunk) - start
 
-    def _admit(self, seq: Sequence, budget: int) -> ScheduledSeq | None:
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Move the first waiting sequence to running with its prefix-cache hits; returns the
+        tokens it computes this step, 0 (and nothing changed) when it does not fit."""
         # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
         lookup = () if seq.needs_prompt_logits else seq.token_ids
         num_cached = self.cache.add_sequence(seq.seq_id, lookup)
-        n = self._piece(seq, num_cached)
-        whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
-        if n > budget:
+        try:
+            n = self._piece(seq, num_cached)
+            whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
+            alone = n <= budget and not self.running and not whole
+            if alone and not self.cache.can_append(seq.seq_id, n):
+                n = self._fitting_chunk(seq, n)  # alone: progress in smaller chunks
+            if n > budget or n == 0 or not self.cache.can_append(seq.seq_id, n):
+                n = 0
+        except BaseException:
             self.cache.free_sequence(seq.seq_id)
-            return None
-        if not self.cache.can_append(seq.seq_id, n) and not self.running and not whole:
-            n = self._fitting_chunk(seq, n)  # alone: progress in smaller chunks
-        if n == 0 or not self.cache.can_append(seq.seq_id, n):
+            raise
+        if n == 0:
             self.cache.free_sequence(seq.seq_id)
-            return None
+            return 0
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_cached
         # arrival order (seq ids grow with arrival): a resumed sequence is older than the
         # requests admitted while it waited
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
-        if seq.metrics.first_scheduled_time is None:
-            seq.metrics.first_scheduled_time = time.monotonic()
-            seq.num_cached_tokens = num_cached
-            self.stats.num_prompt_tokens += seq.num_prompt_tokens
-            self.stats.prefix_cache_queries += seq.num_prompt_tokens
-            self.stats.prefix_cache_hits += num_cached
-        return self._reserve(seq, n)
+        return n
 
     def _preempt(self, seq: Sequence) -> None:
         self.cache.free_sequence(seq.seq_id)
