@@ -137,7 +137,9 @@ def test_smollm2_fork_abort_then_a_stored_prompt_answers_as_without_a_store(
 
     text = (
         "The history of the printing press begins in the fifteenth century, when movable type"
-        " changed how books were made, sold and read across the whole of Europe and beyond it"
+        " changed how books were made, sold and read across the whole of Europe and beyond it."
+        " Printers in Venice, Paris and London competed for readers, and within fifty years"
+        " millions of volumes had been printed on presses that had spread to every trading city"
     )
     prompt_b = engine(None).encode(text)[:48]
     assert len(prompt_b) == 48

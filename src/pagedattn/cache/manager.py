@@ -304,6 +304,8 @@ class CacheManager:
         if self.tier is None:
             return 0
         page_ids, keys = computed_pages(self._get(seq_id), start, end, self.page_size)
+        if not page_ids:
+            return 0
         try:
             self.tier.write(page_ids, keys)
         except Exception:  # the pages stay in the pool: only the tier's copy is lost

@@ -283,7 +283,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
-        A forward that raises fails only this step's requests (finish reason "error", the
+        Each phase commits or rolls back: a schedule that raises gives back what it
+        reserved and the error propagates (the requests wait on, unchanged); a store that
+        raises during a lookup is a prefix-cache miss. A forward that raises fails only this
+        step's requests (finish reason "error", the
         message in ``RequestOutput.error``); nothing they reserved enters the prefix cache.
         A row that fails alone (NaN logits, an undecodable token...) fails only its request.
 
@@ -321,7 +324,9 @@ class LLMEngine:
         Keys: every SchedulerStats field, ``num_running``, ``num_waiting``, ``num_pages``,
         ``num_free_pages``, ``kv_cache_usage`` (fraction of pages referenced), and
         ``evictions`` (dict reason -> count from the cache manager), ``tier_restored_tokens``
-        (prompt tokens restored from the persistent tier) and ``kv_store`` (the tier's
+        (prompt tokens restored from the persistent tier), ``tier_errors`` (dict: "lookup"
+        lookups that raised and were a miss, "write" pages whose write-through raised) and
+        ``kv_store`` (the tier's
         :meth:`pagedattn.storage.KVTier.stats`, None without a tier).
         """
         s = self.scheduler.stats
@@ -336,5 +341,6 @@ class LLMEngine:
             "kv_cache_usage": referenced / pages,
             "evictions": self.cache_manager.evictions,
             "tier_restored_tokens": self.cache_manager.tier_restored_tokens,
+            "tier_errors": dict(self.cache_manager.tier_errors),
             "kv_store": None if self.kv_tier is None else self.kv_tier.stats(),
         }
