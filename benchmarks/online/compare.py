@@ -33,9 +33,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: tests/
 from load import run_setting, summarize
+from tests.redis_server import free_port
 
-from pagedattn.bench.redis_server import free_port
 from pagedattn.model.registry import embedded_model_path
 
 
