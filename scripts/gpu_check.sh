@@ -37,7 +37,7 @@ else
 fi
 echo "== backend tests on $DEVICE (engine, kernels, KVStream; not the SmolLM2 ones)"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/backends \
-  tests/kernels/test_paged_property.py tests/cache/test_stream_backends.py \
+  tests/kernels/test_paged_property.py tests/stream/test_kv_stream_backends.py \
   -m "not model" -k "$SELECT"
 echo "== benchmark: ours (torch/$DEVICE) vs HF transformers"
 timeout 240 "$PY" benchmarks/compare.py gpu --device "$DEVICE" --dtype "$DTYPE" "${QUICK[@]}" \
