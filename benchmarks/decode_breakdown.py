@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -110,7 +112,8 @@ def main() -> None:
         "attention": attention,
     }
     try:
-        from pagedattn.bench.llamacpp import _last_logits, _load
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+        from benchmarks.peers.llamacpp import _last_logits, _load
 
         peer, _ = _load(
             {"threads": args.threads, "model_path": embedded_model_path()},

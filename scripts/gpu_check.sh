@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 12: the backend tests on torch/$DEVICE, then prefill / decode /
+# The GPU check: the backend tests on torch/$DEVICE, then prefill / decode /
 # batch-32 speed of our torch backend vs HF transformers on the same device, with a random
 # model of SmolLM2-135M's shape (no GGUF, nothing fetched). Uses whatever torch is installed.
 #
@@ -37,8 +37,8 @@ else
 fi
 echo "== backend tests on $DEVICE (engine, kernels, KVStream; not the SmolLM2 ones)"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/backends \
-  tests/kernels/test_paged_property.py tests/cache/test_stream_backends.py \
+  tests/kernels/test_paged_property.py tests/stream/test_kv_stream_backends.py \
   -m "not model" -k "$SELECT"
 echo "== benchmark: ours (torch/$DEVICE) vs HF transformers"
-timeout 240 "$PY" -m pagedattn.bench.gpu --device "$DEVICE" --dtype "$DTYPE" "${QUICK[@]}" \
+timeout 240 "$PY" benchmarks/compare.py gpu --device "$DEVICE" --dtype "$DTYPE" "${QUICK[@]}" \
   --json "$OUT/gpu_check.json"

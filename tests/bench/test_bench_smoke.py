@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 import pagedattn.cli.bench_engine
 import pagedattn.cli.bench_generate  # noqa: F401  (register the commands)
-from pagedattn.bench import llamacpp
 from pagedattn.bench.corpus import sample_prompts, shared_prefix_prompts
 from pagedattn.bench.cpu import cpu_features
 from pagedattn.bench.worker import resident_mib
@@ -35,27 +34,22 @@ def test_bench_generate_prints_table_and_positive_figures(
     out = tmp_path / "gen.json"
     args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--prompt-len", "40", "--output-len", "6", "--repeats", "1", "--threads", "1",
-            "--no-hf", "--no-startup", "--json", str(out)]  # fmt: skip
-    result = runner.invoke(app, args)
+            "--no-startup", "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "bench generate: tiny.gguf" in result.stdout and "prefill tok/s" in result.stdout
     assert "CPU features:" in result.stdout
-    assert "issue 13 targets" in result.stdout  # every target, met / NOT met / not measured
-    if not llamacpp.available():  # the peer column says so, never prints stored numbers
-        assert "llama.cpp: not measured" in result.stdout
-    else:  # measured in the same run, on the same GGUF
-        peer = json.loads(out.read_text())["llamacpp"]
-        assert peer["generated"] == 6 and peer["prefill_tok_s"] > 0 and peer["decode_tok_s"] > 0
-        assert peer["kv_cache_mib"] > 0  # llama.cpp's own report, parsed from its load log
-    figures = json.loads(out.read_text())["ours"]
-    assert figures["generated"] == 6
+    # our side only: no peer ran, none is named, no issue either
+    for word in ("HF", "llama.cpp", "issue", "target"):
+        assert word not in result.stdout, word
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"ours"}
+    ours = figures["ours"]
+    assert ours["generated"] == 6 and len(ours["greedy_ids"]) == 6
     for key in ("prefill_tok_s", "decode_tok_s", "prefill_s", "peak_rss_mib", "kv_cache_mib"):
-        assert figures[key] > 0
-    rest = figures["peak_rss_mib"] - figures["kv_cache_mib"]
-    assert figures["peak_rss_minus_kv_mib"] == pytest.approx(rest)
-    # kernels compiled in the measured process (a cold Numba cache) are reported, and said
-    compiled = figures["kernels_compiled"]
-    assert isinstance(compiled, int) and compiled >= 0
+        assert ours[key] > 0
+    # kernels compiled in the measured process (a cold Numba cache) are said when reported
+    compiled = ours["kernels_compiled"]
     assert ("kernel signatures in the measured process" in result.stdout) == (compiled > 0)
 
 
@@ -71,33 +65,20 @@ def test_resident_mib_counts_only_the_touched_pages() -> None:
     assert touched is not None and 16 <= touched <= 20
 
 
-def test_llama_cpp_kv_size_line_is_parsed() -> None:
-    line = (
-        "llama_kv_cache: size =   16.88 MiB (   768 cells,  30 layers,  1/1 seqs), "
-        "K (f16):    8.44 MiB, V (f16):    8.44 MiB"
-    )  # as llama.cpp (llama-cpp-python 0.3.36) logs it while loading SmolLM2
-    found = llamacpp.KV_SIZE.search("llama_context: n_ctx = 768\n" + line)
-    assert found is not None and float(found.group(1)) == 16.88
-
-
 def test_bench_engine_counts_every_token_and_prefix_hits(
     tiny_gguf: Path, prompt_file: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "engine.json"
     args = ["bench", "engine", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--num-requests", "5", "--min-prompt-len", "36", "--max-prompt-len", "60",
-            "--output-len", "4", "--threads", "1", "--max-num-seqs", "2", "--no-hf",
+            "--output-len", "4", "--threads", "1", "--max-num-seqs", "2",
             "--json", str(out)]  # fmt: skip
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "bench engine: tiny.gguf" in result.stdout and "gen tok/s" in result.stdout
     assert "CPU features:" in result.stdout
-    assert "issue 13 targets" in result.stdout
-    if not llamacpp.available():
-        assert "llama.cpp: not measured" in result.stdout
-    else:
-        peer = json.loads(out.read_text())["llamacpp"]["main"]
-        assert peer["generated"] == 5 * 4 and peer["generated_tok_s"] > 0
+    for word in ("HF", "llama.cpp", "issue", "target"):
+        assert word not in result.stdout, word
     assert "prefix caching on vs off (50% shared prefix): " in result.stdout
     figures = json.loads(out.read_text())["ours"]
     for run in ("main", "shared_on", "shared_off"):
@@ -129,31 +110,6 @@ def test_prompt_sampling_is_disjoint_and_shared_prefix_is_half() -> None:
         assert s == prefix[:half] + p[half:]
     with pytest.raises(ValueError, match=r"corpus: 20 tokens, expected >= \d+"):
         sample_prompts(ids[:20], 4, 10, 30, seed=3)
-
-
-@pytest.mark.hf
-def test_bench_generate_with_hf_reference_on_the_tiny_gguf(
-    tiny_gguf: Path, prompt_file: Path, tmp_path: Path
-) -> None:
-    pytest.importorskip("transformers")
-    out = tmp_path / "gen.json"
-    args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
-            "--prompt-len", "24", "--output-len", "3", "--repeats", "1", "--threads", "1",
-            "--no-startup", "--json", str(out)]  # fmt: skip
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "ours / HF" in result.stdout
-    figures = json.loads(out.read_text())
-    hf = figures["hf"]
-    for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib"):
-        assert hf[key] > 0
-    # the exact path agrees with HF: same first token, same greedy continuation
-    assert "fidelity vs HF transformers float32" in result.stdout
-    assert figures["ours"]["greedy_ids"] == hf["greedy_ids"] and len(hf["greedy_ids"]) == 3
-    shared = set(hf["first_logprobs"]) & set(figures["ours"]["first_logprobs"])
-    assert len(shared) >= 10
-    for token in shared:
-        assert abs(hf["first_logprobs"][token] - figures["ours"]["first_logprobs"][token]) < 1e-3
 
 
 def test_cpu_features_read_the_flags_line(tmp_path: Path) -> None:

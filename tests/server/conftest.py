@@ -19,8 +19,8 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedattn.bench.redis_server import free_port
 from pagedattn.server.app import build_app
+from tests.redis_server import free_port
 from tests.server.tiny_folder import write_tiny_folder
 
 START_TIMEOUT_S = 30.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.bench.redis_server import RedisServer
 from tests.fixtures import one_numba_thread, tiny_gguf
+from tests.redis_server import RedisServer
 
 __all__ = ["one_numba_thread", "tiny_gguf"]
 

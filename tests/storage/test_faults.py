@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.bench.redis_server import RedisServer
 from pagedattn.cache.hashing import hash_page_tokens, prefix_page_hashes
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
@@ -19,6 +18,7 @@ from pagedattn.sampling_params import SamplingParams
 from pagedattn.storage.disk import DiskStore
 from pagedattn.storage.redis_store import RedisStore
 from tests.engine.helpers import drain, tiny_model, tokens
+from tests.redis_server import RedisServer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 PS = 4

@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from pagedattn.bench.redis_server import RedisServer
 from pagedattn.storage.redis_store import RedisStore
+from tests.redis_server import RedisServer
 from tests.storage.pages import PAGE_SHAPE, all_equal, namespace, pages
 
 TOKENS = list(range(100, 132))

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedattn.bench.redis_server import RedisServer
+from tests.redis_server import RedisServer
 from tests.server.conftest import serve_subprocess
 from tests.server.tiny_folder import write_tiny_folder
 

@@ -1,9 +1,10 @@
-"""`bench engine`: offline throughput of many requests, our engine vs HF transformers.
+"""`bench engine`: offline throughput of many requests on our engine.
 
-Each side runs in its own process (:mod:`pagedattn.bench.worker`); these are the per-side
-measurements. Ours: every request is queued at once and the engine's continuous batching
-(vLLM-style scheduler, Kwon et al. 2023, arXiv 2309.06180) runs them to completion; the
-wall time from the first ``add_request`` to the last finished request is the elapsed time.
+It runs in a process of its own (:mod:`pagedattn.bench.worker`), as does every peer a
+comparison measures beside it; this is our side's measurement: every request is queued at
+once and the engine's continuous batching (vLLM-style scheduler, Kwon et al. 2023, arXiv
+2309.06180) runs them to completion; the wall time from the first ``add_request`` to the last
+finished request is the elapsed time.
 """
 
 from __future__ import annotations
@@ -109,23 +110,3 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
             phase = f"ours shared prefix, caching {'on' if flag else 'off'}"
             result[name] = run(flag, shared, params, phase)
     return result
-
-
-def measure_hf(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """HF transformers ``generate`` over batches of ``batch_size`` left-padded prompts.
-
-    Args (JSON): ``model_path``, ``prompts``, ``output_len``, ``batch_size``, ``pad_token_id``,
-        ``threads``.
-    """
-    from pagedattn.bench.hf_reference import hf_batch_generate, load_hf_model
-
-    model = load_hf_model(args["model_path"], int(args["threads"]))
-    main = hf_batch_generate(
-        model,
-        args["prompts"],
-        int(args["output_len"]),
-        int(args["batch_size"]),
-        int(args["pad_token_id"]),
-        progress,
-    )
-    return {"main": main}

@@ -1,7 +1,7 @@
-"""`bench generate`: single-stream prefill and decode speed, our engine vs HF transformers.
+"""`bench generate`: single-stream prefill and decode speed of our engine.
 
-Each side runs in its own process (:mod:`pagedattn.bench.worker`); these are the per-side
-measurements.
+It runs in a process of its own (:mod:`pagedattn.bench.worker`), as does every peer a
+comparison measures beside it; this is our side's measurement.
 """
 
 from __future__ import annotations
@@ -101,17 +101,3 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         # the pages of the pool this run touched (a NumPy pool is allocated lazily)
         "kv_cache_mib": resident_mib(pool) if isinstance(pool, np.ndarray) else None,
     }
-
-
-def measure_hf(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """HF transformers on the same stream (see ``hf_reference.hf_single_stream`` for the method).
-
-    Args (JSON): ``model_path`` (a .gguf or HF folder), ``prompt_ids``, ``output_len``,
-        ``repeats``, ``threads``.
-    """
-    from pagedattn.bench.hf_reference import hf_single_stream, load_hf_model
-
-    model = load_hf_model(args["model_path"], int(args["threads"]))
-    return hf_single_stream(
-        model, args["prompt_ids"], int(args["output_len"]), int(args["repeats"]), progress
-    )

@@ -3,11 +3,16 @@ thread pools and imports (numba vs torch), and report back as JSON lines.
 
 Protocol (stdout of the child, one JSON object a line): ``{"event": "progress", "phase": str,
 "done": int, "total": int}`` any number of times, then ``{"event": "result", "result": {...}}``
-with ``peak_rss_mib`` (``getrusage(RUSAGE_SELF).ru_maxrss``: the child's resident-set peak,
-model loading included) added, and ``peak_rss_minus_kv_mib`` when the side reported its KV
+with ``peak_rss_mib`` (:func:`peak_rss_mib`: the child's resident-set peak, model loading
+included) added, and ``peak_rss_minus_kv_mib`` when the side reported its KV
 cache's resident ``kv_cache_mib``, and ``kernels_compiled`` when our kernels ran
 (:func:`pagedattn.kernels.numba_cache.compiled_kernels`: not 0 means the peak includes LLVM
 compiling them). Arguments travel as a JSON file; nothing is pickled.
+
+:data:`TASKS` registers our side's entry points (``"module:function"``, each called as
+``fn(args, progress) -> dict``); a caller outside the package (the peer comparisons in a
+source checkout's ``benchmarks/``) passes its own registry and the folders its modules import
+from to :func:`run_worker`.
 """
 
 from __future__ import annotations
@@ -19,24 +24,30 @@ import resource
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 TASKS = {
     "generate-ours": "pagedattn.bench.generate:measure_ours",
-    "generate-hf": "pagedattn.bench.generate:measure_hf",
     "engine-ours": "pagedattn.bench.engine:measure_ours",
-    "engine-hf": "pagedattn.bench.engine:measure_hf",
     "store": "pagedattn.bench.store:measure",
-    "generate-llamacpp": "pagedattn.bench.llamacpp:measure_generate",
-    "engine-llamacpp": "pagedattn.bench.llamacpp:measure_engine",
 }
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    """This process's peak resident set size in MiB: ``VmHWM`` of ``/proc/self/status``, the
+    high-water mark of this program's own memory. ``getrusage``'s ``ru_maxrss`` (the fallback
+    where there is no /proc) survives ``exec``: a child started by a bigger parent would
+    report the parent's size."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -65,24 +76,35 @@ def run_worker(
     args: dict[str, Any],
     threads: int,
     on_progress: Callable[[str, int, int], None],
+    *,
+    tasks: Mapping[str, str] = TASKS,
+    pythonpath: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
-    """Run ``task`` (a key of :data:`TASKS`) in a child process with ``threads`` threads for
+    """Run ``task`` (a key of ``tasks``) in a child process with ``threads`` threads for
     numba, BLAS and torch; return its result dict.
+
+    Args:
+        tasks: task name -> ``"module:function"`` (default: our side's :data:`TASKS`).
+        pythonpath: folders put first on the child's ``PYTHONPATH``, where ``tasks``' modules
+            import from.
 
     Raises:
         ValueError: an unknown task. RuntimeError: the child failed (its last stderr line).
     """
-    if task not in TASKS:
-        raise ValueError(f"task: expected one of {sorted(TASKS)}, got {task!r}")
+    if task not in tasks:
+        raise ValueError(f"task: expected one of {sorted(tasks)}, got {task!r}")
     env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads))}
     env.setdefault("HF_HUB_OFFLINE", "1")
+    if pythonpath:
+        paths = [str(p) for p in pythonpath] + [x for x in [env.get("PYTHONPATH")] if x]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     with tempfile.TemporaryDirectory(prefix="pagedattn-bench-") as tmp:
         args_path = Path(tmp) / "args.json"
         args_path.write_text(json.dumps({**args, "threads": threads}), encoding="utf-8")
         err_path = Path(tmp) / "stderr.txt"
         result: dict[str, Any] | None = None
         with err_path.open("w") as err:
-            cmd = [sys.executable, "-m", "pagedattn.bench.worker", task, str(args_path)]
+            cmd = [sys.executable, "-m", "pagedattn.bench.worker", tasks[task], str(args_path)]
             with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as p:
                 assert p.stdout is not None
                 for line in p.stdout:
@@ -123,9 +145,9 @@ def _progress(phase: str, done: int, total: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Child entry point: ``python -m pagedattn.bench.worker TASK ARGS.json``."""
-    task, args_path = argv
-    module, name = TASKS[task].split(":")
+    """Child entry point: ``python -m pagedattn.bench.worker MODULE:FUNCTION ARGS.json``."""
+    entry, args_path = argv
+    module, name = entry.split(":")
     fn = getattr(importlib.import_module(module), name)
     args = json.loads(Path(args_path).read_text(encoding="utf-8"))
     result = {**fn(args, _progress), "peak_rss_mib": peak_rss_mib()}

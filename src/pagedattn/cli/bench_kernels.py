@@ -52,8 +52,8 @@ def bench_kernels(
     from rich.table import Table
 
     from pagedattn.backends import resolve_backend
+    from pagedattn.bench.kernel_comparisons import kernel_comparisons
     from pagedattn.bench.kernels import TORCH_HINT, bench_decode, check_decode_options
-    from pagedattn.bench.targets import kernel_targets
 
     with cli_errors():  # --device is for torch / cupy; the numpy backend is always on the cpu
         specs = [
@@ -73,9 +73,9 @@ def bench_kernels(
         has_torch = False
         console.print(TORCH_HINT)
 
-    targets = Table(title="issue 13 targets (ratios measured in this run)")
-    for name in ("target", "measured", "goal", "met"):
-        targets.add_column(name, justify="left" if name in ("target", "met") else "right")
+    comparisons = Table(title="same-run comparisons of the paged kernel")
+    for name in ("row", "comparison", "measured", "goal", "met"):
+        comparisons.add_column(name, justify="right" if name in ("measured", "goal") else "left")
     for dtype in dtypes:
         table = Table()
         columns = ("batch", "context", "paged ms", "KV GB/s", "read GB/s", "% read")
@@ -103,9 +103,9 @@ def bench_kernels(
             if has_torch and r.torch_ms is not None and r.speedup is not None:
                 row += [f"{r.torch_ms:.3f}", f"{r.speedup:.2f}x"]
             table.add_row(*row)
-            for label, value, goal, verdict in kernel_targets(b, r.pct_read, r.speedup):
+            for label, value, goal, verdict in kernel_comparisons(b, r.pct_read, r.speedup):
                 where = f"{dtype} KV, batch {b}, context {c}"
-                targets.add_row(f"{where}: {label}", value, goal, verdict)
+                comparisons.add_row(where, label, value, goal, verdict)
         layer = numba.threading_layer()  # type: ignore[attr-defined]  # known after a call
         table.title = (
             f"decode attention, {dtype} KV pool, {numba.get_num_threads()} threads "
@@ -117,8 +117,8 @@ def bench_kernels(
         "copy = np.copyto on a buffer of the same size, counting read + write bytes; "
         "torch SDPA reads the same keys and values as dense float32 whatever the pool's dtype."
     )
-    if targets.row_count:
-        console.print(targets)
+    if comparisons.row_count:
+        console.print(comparisons)
     if specs:
         console.print(
             "xp = the array-namespace kernel (backends/xp_kernels.py) on that backend; "

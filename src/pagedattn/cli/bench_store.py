@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -25,8 +24,8 @@ def bench_store(
     redis: Annotated[
         str | None,
         typer.Option(
-            help="redis://HOST:PORT/DB for the Redis row; default: a private redis-server on a "
-            "free loopback port if one is installed, else the row is skipped."
+            help="redis://HOST:PORT/DB of a Redis to measure the Redis row on (its pages are "
+            "written under a namespace of their own); without it the row is skipped."
         ),
     ] = None,
     threads: Annotated[
@@ -37,7 +36,7 @@ def bench_store(
     ] = None,
 ) -> None:
     """Time to first token of one --prompt-len prompt on a fresh engine: recomputed vs restored
-    from the disk tier vs from Redis (target: restore >= 10x faster), and the tier's write
+    from the disk tier vs from Redis (goal: restore >= 10x faster), and the tier's write
     throughput vs the same run's raw file-write bandwidth."""
     from rich.console import Console
     from rich.table import Table
@@ -46,12 +45,6 @@ def bench_store(
 
     console = Console()
     with cli_errors():
-        private = None
-        if redis is None and shutil.which("redis-server"):
-            from pagedattn.bench.redis_server import RedisServer
-
-            private = RedisServer()
-            redis = private.url
         args = {
             "model": model,
             "prompt_file": None if prompt_file is None else str(prompt_file),
@@ -60,13 +53,9 @@ def bench_store(
             "repeats": repeats,
             "redis_url": redis,
         }
-        try:
-            figures = run_worker(
-                "store", args, threads, lambda what, *_: console.print(f"[dim]{what}...[/dim]")
-            )
-        finally:
-            if private is not None:
-                private.stop()
+        figures = run_worker(
+            "store", args, threads, lambda what, *_: console.print(f"[dim]{what}...[/dim]")
+        )
     recompute = figures["rows"]["recompute"]["ttft_s"]
     table = Table(
         title=f"bench store: {figures['model_name']}, {figures['prompt_tokens']}-token prompt, "
@@ -99,5 +88,10 @@ def bench_store(
             f"{100 * w['bytes_s'] / raw:.0f}%",
         )
     console.print(writes)
+    if redis is None:
+        console.print(
+            "redis: not measured; add --redis redis://HOST:PORT/DB to include it (e.g. "
+            "redis-server --port 6390 --save '' & then --redis redis://127.0.0.1:6390/0)."
+        )
     if json_out is not None:
         json_out.write_text(json.dumps(figures, indent=2), encoding="utf-8")

@@ -3,11 +3,10 @@
 Numba's parallel kernels run on GNU OpenMP (its ``omp`` threading layer), whose idle threads
 spin ~300k iterations after each parallel region by default. Between two kernels the model may
 call other multithreaded libraries, whose threads then share the cores with those spinning
-ones (batched engine steps ran ~1.3x slower). On a machine shared with another busy process a
-spinning thread holds its core while the thread every barrier waits for sits descheduled, one
-scheduler slice per region: at 20000 iterations, two `pagedattn generate` processes side by side
-decoded 4.6-5.0 tok/s each against 27-36 at 1000 (and ~57 alone either way, 2 cores, AVX2). 1000
-iterations (a few microseconds) still keep the back-to-back regions of a decode step warm.
+ones. On a machine shared with another busy process a long spin holds a core while the thread
+every barrier waits for sits descheduled, which costs a scheduler slice per parallel region.
+A spin of 1000 iterations (a few microseconds) keeps the back-to-back regions of a decode step
+warm and gives the core back soon after.
 
 libgomp reads ``GOMP_SPINCOUNT`` once, when it is loaded (Numba loads it with its threading
 layer). :func:`start_numba_threads` sets the variable only while it starts the pool and then

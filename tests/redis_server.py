@@ -1,5 +1,6 @@
-"""A private redis-server on a free loopback port (no persistence), for `pagedattn bench store`
-and the storage tests, which also kill, pause and restart it to inject faults."""
+"""A private redis-server on a free loopback port (no persistence), for the storage and server
+tests, which also kill, pause and restart it to inject faults, and for the benchmarks that need
+a Redis of their own (benchmarks/online/compare.py)."""
 
 from __future__ import annotations
 

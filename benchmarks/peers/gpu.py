@@ -1,5 +1,6 @@
-"""`python -m pagedattn.bench.gpu`: our engine on the torch backend vs HF transformers on the
-same device, with a random model of SmolLM2-135M's shape (no GGUF needed, nothing fetched).
+"""Our engine on the torch backend vs HF transformers on the same device, with a random model
+of SmolLM2-135M's shape (no GGUF needed, nothing fetched): ``python benchmarks/compare.py gpu``
+or ``python -m benchmarks.peers.gpu`` from the repository root.
 
 Figures: prefill tok/s of one prompt, decode tok/s of one greedy stream, and the generated
 tok/s of a batch of requests (ours: continuous batching, all queued at once; HF: one
@@ -166,7 +167,7 @@ def measure_hf(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints a table and writes ``--json``. Returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m pagedattn.bench.gpu", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.gpu", description=__doc__)
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="4 layers, short prompts")

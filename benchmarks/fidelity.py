@@ -2,9 +2,9 @@
 first generated position's log-probabilities, and how many greedy tokens agree.
 
 Each side reports ``first_logprobs`` (top-20 at the first generated position, token id as
-text -> log-probability) and ``greedy_ids`` (its greedy continuation). This is what issue 13
-asks the bench to print for a faster, less exact path (``--activations int8``) beside the
-exact one, and what llama.cpp's own int8 path gives.
+text -> log-probability) and ``greedy_ids`` (its greedy continuation). ``compare.py generate``
+prints it for our side (``--activations int8`` measures the faster, less exact path) and for
+llama.cpp's own int8 path.
 """
 
 from __future__ import annotations
@@ -56,3 +56,26 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def fidelity_table(results: Mapping[str, Mapping[str, Any]], ours_label: str) -> Any:
+    """A rich Table: ours and llama.cpp (when they ran) against ``results["hf"]``."""
+    from rich.table import Table
+
+    table = Table(title="fidelity vs HF transformers float32 (same prompt)")
+    for name in ("side", "max |logprob diff|, first token", "same argmax", "greedy tokens equal"):
+        table.add_column(name, justify="left" if name == "side" else "right")
+    for key, label in (("ours", ours_label), ("llamacpp", "llama.cpp")):
+        if key not in results:
+            continue
+        f = fidelity(results[key], results["hf"])
+        if f is None:
+            table.add_row(label, "not reported", "-", "-")
+            continue
+        table.add_row(
+            label,
+            f"{f.max_logprob_diff:.2e} (top {f.compared})",
+            "yes" if f.same_argmax else "NO",
+            f"{f.greedy_prefix} of {f.greedy_len}",
+        )
+    return table

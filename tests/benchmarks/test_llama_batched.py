@@ -1,4 +1,4 @@
-"""bench engine's llama.cpp batched peer (llama-batched-bench) with a stand-in binary that
+"""compare.py engine's llama.cpp batched peer (llama-batched-bench) with a stand-in binary that
 records its arguments and prints a result line in llama-batched-bench's jsonl format."""
 
 from __future__ import annotations
@@ -8,11 +8,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from benchmarks.compare import app
+from benchmarks.peers.llamacpp import measure_batched
 from typer.testing import CliRunner
-
-import pagedattn.cli.bench_engine  # noqa: F401  (register the command)
-from pagedattn.bench.llamacpp import measure_batched
-from pagedattn.cli.app import app
 
 # one result row as llama-batched-bench --output-format jsonl prints it (b4000+ llama.cpp)
 ROW = {"n_kv_max": 4096, "pp": 40, "tg": 4, "pl": 2, "n_kv": 88, "t_pp": 0.5, "speed_pp": 160.0,
@@ -52,22 +50,27 @@ def test_measure_batched_refuses_a_missing_or_failing_binary(tmp_path: Path) -> 
         measure_batched(str(_fake(tmp_path, exit_code=3)), "m.gguf", 40, 4, 2, 1)
 
 
-def test_bench_engine_prints_the_batched_peer_and_its_target(
+def test_compare_engine_prints_the_batched_peer_and_its_comparison(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
     corpus = tmp_path / "text.txt"
     corpus.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
-    args = ["bench", "engine", "-m", str(tiny_gguf), "--prompt-file", str(corpus),
+    args = ["engine", "-m", str(tiny_gguf), "--prompt-file", str(corpus),
             "--num-requests", "2", "--min-prompt-len", "36", "--max-prompt-len", "44",
-            "--output-len", "4", "--threads", "1", "--hf-batch-size", "2", "--no-hf",
-            "--no-shared-prefix", "--llama-batched-bench", str(_fake(tmp_path)),
+            "--output-len", "4", "--threads", "1", "--batch-size", "2", "--no-hf",
+            "--no-llamacpp", "--llama-batched-bench", str(_fake(tmp_path)),
             "--json", str(tmp_path / "e.json")]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "llama.cpp batched bs=2" in result.stdout
+    assert "llama-batched-bench bs=2" in result.stdout
     ran = json.loads((tmp_path / "args.json").read_text())
     assert 36 <= int(ran[ran.index("-npp") + 1]) <= 44  # the mean prompt of this run
     figures = json.loads((tmp_path / "e.json").read_text())
     ours = figures["ours"]["main"]["generated_tok_s"]
     ratio = ours / figures["llamacpp_batched"]["main"]["generated_tok_s"]
-    assert f"{ratio:.2f}x" in result.stdout  # the target row: ours / llama.cpp batched
+    assert f"{ratio:.2f}x" in result.stdout  # ours / llama.cpp batched
+    row = next(x for x in result.stdout.splitlines() if "vs llama.cpp (llama-batched-bench)" in x)
+    assert f"{ratio:.2f}x" in row and ">= 2.0x" in row
+    assert ("NOT met" in row) == (ratio < 2.0)
+    hf_row = next(x for x in result.stdout.splitlines() if "tok/s vs HF transformers" in x)
+    assert "not measured: HF transformers did not run" in hf_row

@@ -165,3 +165,33 @@ def hf_batch_generate(
         "generated_tok_s": len(prompts) * output_len / elapsed,
         "requests_s": len(prompts) / elapsed,
     }
+
+
+def measure_generate(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Worker entry point: HF transformers on one stream (method: :func:`hf_single_stream`).
+
+    Args (JSON): ``model_path`` (a .gguf or HF folder), ``prompt_ids``, ``output_len``,
+        ``repeats``, ``threads``.
+    """
+    model = load_hf_model(args["model_path"], int(args["threads"]))
+    return hf_single_stream(
+        model, args["prompt_ids"], int(args["output_len"]), int(args["repeats"]), progress
+    )
+
+
+def measure_engine(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Worker entry point: HF ``generate`` over batches of ``batch_size`` left-padded prompts.
+
+    Args (JSON): ``model_path``, ``prompts``, ``output_len``, ``batch_size``, ``pad_token_id``,
+        ``threads``.
+    """
+    model = load_hf_model(args["model_path"], int(args["threads"]))
+    main = hf_batch_generate(
+        model,
+        args["prompts"],
+        int(args["output_len"]),
+        int(args["batch_size"]),
+        int(args["pad_token_id"]),
+        progress,
+    )
+    return {"main": main}
