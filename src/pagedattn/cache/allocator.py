@@ -94,6 +94,11 @@ class PageAllocator:
         """Pages registered in the prefix index (referenced or not)."""
         return len(self._index)
 
+    def cached_hashes(self) -> list[PageHash]:
+        """The hashes of every page in the prefix index (a copy; safe to call from another
+        thread while the owner mutates the index: copying a dict of bytes keys holds the GIL)."""
+        return list(self._index)
+
     def num_allocatable(self, *, reclaim_cached: bool = True) -> int:
         """Pages :meth:`allocate` can hand out now (cached free ones only if reclaim_cached)."""
         return len(self._queue) if reclaim_cached else self._num_uncached_free

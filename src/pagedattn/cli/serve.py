@@ -27,6 +27,7 @@ from pagedattn.cli.options import (
 )
 
 SERVER = "Server"
+CLUSTER = "Cluster (Ray Serve)"
 
 
 @app.command("serve")
@@ -123,11 +124,94 @@ def serve(
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
+    replicas: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Engine replicas on Ray Serve (> 1: the cluster app; share a --kv-store).",
+            rich_help_panel=CLUSTER,
+        ),
+    ] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ADDR",
+            help="Run on this Ray cluster (`auto`: the one on this machine); default: a local one.",
+            rich_help_panel=CLUSTER,
+        ),
+    ] = None,
+    router: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="Request router: prefix (longest cached prefix), pow2, prefix_tree (Ray's).",
+            rich_help_panel=CLUSTER,
+        ),
+    ] = "prefix",
+    max_load_spread: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="Most requests a prefix's replica may run above the least loaded one.",
+            rich_help_panel=CLUSTER,
+        ),
+    ] = 4,
+    replica_threads: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="CPUs (and Numba threads) per replica.",
+            rich_help_panel=CLUSTER,
+        ),
+    ] = 1,
 ) -> None:
     """Serve /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
     /tokenizer_info, /version, /health and /metrics.
 
+    With --replicas > 1 or --ray-address, N engine replicas run on Ray Serve behind one
+    ingress with the same routes (see deploy/README.md).
+
     Errors in the options print one line to stderr and exit 2."""
+    engine_options = dict(
+        page_size=page_size,
+        num_pages=num_pages,
+        kv_cache_mib=kv_cache_mib,
+        sliding_window=window_or_none(sliding_window),
+        num_sink_tokens=sinks,
+        position_mode=position_mode,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_prefix_caching=prefix_caching,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        kv_store=kv_store,
+        seed=seed,
+        backend=backend,
+        device=device,
+        activations=activations,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    if replicas > 1 or ray_address is not None:
+        from pagedattn.cli.serve_cluster import serve_cluster
+
+        serve_cluster(
+            model,
+            engine_options,
+            replicas=replicas,
+            ray_address=ray_address,
+            router=router,
+            max_load_spread=max_load_spread,
+            replica_threads=replica_threads,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            default_max_tokens=default_max_tokens,
+            host=host,
+            port=port,
+        )
+        return
     try:
         import uvicorn
 
@@ -146,23 +230,7 @@ def serve(
             api_key=api_key,
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
-            page_size=page_size,
-            num_pages=num_pages,
-            kv_cache_mib=kv_cache_mib,
-            sliding_window=window_or_none(sliding_window),
-            num_sink_tokens=sinks,
-            position_mode=position_mode,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_prefix_caching=prefix_caching,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            kv_store=kv_store,
-            seed=seed,
-            backend=backend,
-            device=device,
-            activations=activations,
-            kv_cache_dtype=kv_cache_dtype,
+            **engine_options,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)

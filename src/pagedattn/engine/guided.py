@@ -159,7 +159,9 @@ class GrammarCompiler:
             raise ValueError(f"{spec.field}: {matcher.get_error()}")
         eos = sorted(self.tokenizer.stop_token_ids)
         width = self.vocab_size or int(self.tokenizer.vocab_size)
-        return GuidedLogitsProcessor(matcher, int(ll_tok.vocab_size), width, eos)
+        processor = GuidedLogitsProcessor(matcher, int(ll_tok.vocab_size), width, eos)
+        processor.spec = spec
+        return processor
 
 
 class GuidedLogitsProcessor:
@@ -184,6 +186,7 @@ class GuidedLogitsProcessor:
         self.vocab_size = vocab_size
         self.eos_token_ids = np.asarray(list(eos_token_ids), dtype=np.int64)
         self.consumed: list[int] = []
+        self.spec: GuidedSpec | None = None  # what it was compiled from (rebuilt elsewhere)
         self._bitmask = np.zeros(((num_tokens + 31) // 32,), dtype=np.int32)
 
     def _sync(self, generated: Sequence[int]) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.server import protocol as p
+from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
 from pagedattn.server.metrics import ServerMetrics
@@ -43,6 +44,7 @@ def create_app(
     api_key: str | None = None,
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
+    engine_client: EngineClient | None = None,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -57,6 +59,8 @@ def create_app(
             :mod:`pagedattn.server.serving`).
         health_stall_s: ``/health`` is a 503 when requests are pending and the engine made
             no progress for this many seconds.
+        engine_client: the engine loop to run requests through (its ``metrics`` is what
+            ``/metrics`` renders); None = an :class:`AsyncEngine` on ``engine``'s own thread.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -65,9 +69,13 @@ def create_app(
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model_name: expected one or more non-empty names, got {model_name!r}")
-    metrics = ServerMetrics(lambda: async_engine.stats, names[0])
-    metrics.instrument(engine)
-    async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
+    async_engine: EngineClient
+    if engine_client is None:
+        metrics = ServerMetrics(lambda: async_engine.stats, names[0])
+        metrics.instrument(engine)
+        async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
+    else:
+        async_engine, metrics = engine_client, engine_client.metrics
     serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
 
     @asynccontextmanager

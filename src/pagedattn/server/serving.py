@@ -40,7 +40,8 @@ from pagedattn.engine.outputs import REJECTIONS, RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server import protocol as p
 from pagedattn.server.chat_prompt import chat_prompt_ids
-from pagedattn.server.engine_loop import AsyncEngine, EngineDeadError
+from pagedattn.server.engine_client import EngineClient
+from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body, value_error
 from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.responses import chat_response, completion_response
@@ -71,7 +72,7 @@ class OpenAIServing:
     """The completion and chat handlers of one server.
 
     Args:
-        async_engine: the engine loop.
+        async_engine: the engine loop (an :class:`EngineClient`).
         model_name: the served model name (requests naming another model get a 404).
         default_max_tokens: cap on the chat default ``max_tokens`` when the context is unbounded
             or longer.
@@ -81,7 +82,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        async_engine: AsyncEngine,
+        async_engine: EngineClient,
         model_name: str,
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),

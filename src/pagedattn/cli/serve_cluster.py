@@ -1,0 +1,63 @@
+"""`pagedattn serve --replicas N`: the Ray Serve application (see :mod:`pagedattn.cluster`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from pagedattn.cli.options import flag_message
+
+
+def serve_cluster(
+    model: str | None,
+    engine_options: dict[str, Any],
+    *,
+    replicas: int,
+    ray_address: str | None,
+    router: str,
+    max_load_spread: int,
+    replica_threads: int,
+    served_model_name: list[str] | None,
+    api_key: str | None,
+    default_max_tokens: int,
+    host: str,
+    port: int,
+) -> None:
+    """Build the cluster app and serve it on ``host:port`` until interrupted. Errors in the
+    options print one line to stderr and exit 2."""
+    try:
+        from pagedattn.cluster.app import build_cluster_app, run_cluster
+    except ImportError as exc:
+        typer.echo(
+            f"error: --replicas needs the ray extra ({exc.name} is missing): "
+            "pip install 'pagedattn[ray]'",
+            err=True,
+        )
+        raise typer.Exit(code=2) from exc
+    if replicas > 1 and engine_options.get("kv_store") is None:
+        typer.echo(
+            "warning: replicas without --kv-store share no pages: a session moved to another "
+            "replica recomputes its prompt",
+            err=True,
+        )
+    try:
+        from pagedattn.engine.llm import engine_config
+
+        engine_config(model, **engine_options)  # option errors before Ray starts
+        app = build_cluster_app(
+            model,
+            replicas=replicas,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            default_max_tokens=default_max_tokens,
+            router=router,
+            max_load_spread=max_load_spread,
+            replica_cpus=float(replica_threads),
+            replica_threads=replica_threads,
+            **engine_options,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
+        raise typer.Exit(code=2) from exc
+    run_cluster(app, host=host, port=port, ray_address=ray_address, blocking=True)
