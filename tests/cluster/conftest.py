@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedattn.bench.redis_server import RedisServer, free_port
 from tests.fixtures import tiny_gguf
+from tests.redis_server import RedisServer, free_port
 
 __all__ = ["tiny_gguf"]
 
