@@ -138,20 +138,10 @@ REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
         "continue_final_message",
     ),
     (
-        "tools-auto",
+        "tools-auto-without-a-template-tool-format",
         "/v1/chat/completions",
         {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        "tools",
-    ),
-    (
-        "tools-required",
-        "/v1/chat/completions",
-        {
-            "messages": MSG,
-            "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": "required",
-        },
-        "tools",
+        "tool_choice",
     ),
     (
         "tool-choice-no-tools",

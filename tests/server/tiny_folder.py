@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from safetensors.numpy import save_file
+from tokenizers import AddedToken
 
 from pagedattn.model.tokenizer import Tokenizer
 from tests.model.tiny import (
@@ -19,10 +20,25 @@ from tests.model.tiny import (
 )
 
 
-def write_tiny_folder(folder: Path, seed: int = 0) -> Path:
-    """Write the tiny model (2 layers, hidden 64, vocab 272, context 512) to ``folder``."""
+def write_tiny_folder(
+    folder: Path,
+    seed: int = 0,
+    added_tokens: tuple[str, ...] = (),
+    chat_template: str = "",
+    context: int = 512,
+) -> Path:
+    """Write the tiny model (2 layers, hidden 64, vocab 272, context 512) to ``folder``.
+
+    Args:
+        added_tokens: more (non-special) vocabulary entries after the merges, e.g.
+            ``<tool_call>``; the model's vocabulary grows with them.
+        chat_template: the template instead of the ChatML one.
+        context: ``max_position_embeddings``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
-    config = tiny_config()
+    config = tiny_config(
+        vocab_size=len(tiny_tokens()) + len(added_tokens), max_position_embeddings=context
+    )
     raw = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -52,7 +68,13 @@ def write_tiny_folder(folder: Path, seed: int = 0) -> Path:
             "tokenizer.ggml.token_type": [3 if t in SPECIALS else 1 for t in tokens],
         }
     )
+    if added_tokens:
+        tokenizer.backend.add_tokens([AddedToken(t, special=False) for t in added_tokens])
     tokenizer.backend.save(str(folder / "tokenizer.json"))
-    tok_cfg = {"chat_template": CHAT_TEMPLATE, "bos_token": SPECIALS[1], "eos_token": SPECIALS[2]}
+    tok_cfg = {
+        "chat_template": chat_template or CHAT_TEMPLATE,
+        "bos_token": SPECIALS[1],
+        "eos_token": SPECIALS[2],
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
     return folder

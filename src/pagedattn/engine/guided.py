@@ -33,6 +33,47 @@ GuidedKind = Literal["json", "json_object", "regex", "choice", "grammar"]
 JSON_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
+def narrow_one_of(schema: Any) -> Any:
+    """``schema`` with every ``oneOf`` branch that is an object schema without
+    ``additionalProperties`` given ``additionalProperties: false``.
+
+    llguidance serves a ``oneOf`` only when it can prove its branches disjoint (then it is an
+    ``anyOf``). Object branches with different required keys overlap only through extra keys;
+    closing them makes the branches disjoint while every output stays valid for the original
+    schema (a narrowing, never a widening). Branches that still overlap (``integer`` against
+    ``number``, objects with the same keys) stay a compile error. A JSON text schema is parsed
+    first; anything else is returned as it is.
+    """
+    if isinstance(schema, str):
+        try:
+            parsed = json.loads(schema)
+        except ValueError:
+            return schema  # llguidance names the syntax error
+        return narrow_one_of(parsed) if isinstance(parsed, dict) else schema
+    return _narrow(schema, in_one_of=False)
+
+
+def _narrow(node: Any, in_one_of: bool) -> Any:
+    if isinstance(node, list):
+        return [_narrow(x, in_one_of) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: _narrow(v, in_one_of=k == "oneOf") if k != "properties" else _narrow_props(v)
+        for k, v in node.items()
+    }
+    is_object = out.get("type") == "object" or "properties" in out
+    if in_one_of and is_object and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _narrow_props(props: Any) -> Any:
+    if not isinstance(props, dict):
+        return props
+    return {k: _narrow(v, in_one_of=False) for k, v in props.items()}
+
+
 @dataclass(frozen=True)
 class GuidedSpec:
     """What the generated text must match.
@@ -77,7 +118,8 @@ class GuidedSpec:
             if not isinstance(self.value, (dict, str)):
                 raise ValueError(f"{self.field}: expected a JSON schema object")
             try:
-                return str(llg.LLMatcher.grammar_from_json_schema(self.value, self._json_options()))
+                schema = narrow_one_of(self.value)
+                return str(llg.LLMatcher.grammar_from_json_schema(schema, self._json_options()))
             except ValueError as exc:
                 raise ValueError(f"{self.field}: invalid JSON schema: {exc}") from exc
         if self.kind == "regex":

@@ -9,7 +9,8 @@
 - ``chat_template_kwargs``: extra template variables (e.g. ``{"enable_thinking": false}``);
   the names the server sets itself (``messages``, ``add_generation_prompt``,
   ``continue_final_message``, ``tools``, ``chat_template``) are refused there.
-- ``tools`` with ``tool_choice: "none"`` reach the template as ``tools``.
+- ``tools`` reach the template as ``tools``; an assistant message's ``tool_calls`` reach it
+  with their arguments as objects (see :mod:`pagedattn.server.tools`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pagedattn.server import protocol as p
 from pagedattn.server.errors import APIError
+from pagedattn.server.tools import template_messages
 
 RESERVED_KWARGS = frozenset(
     {"messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template"}
@@ -33,7 +35,7 @@ def chat_messages(req: p.ChatCompletionRequest) -> list[dict[str, Any]]:
         if m.name is not None:
             message["name"] = m.name
         out.append(message)
-    return out
+    return template_messages(out)
 
 
 def template_options(

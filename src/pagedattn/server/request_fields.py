@@ -2,9 +2,9 @@
 
 OpenAI answers an unknown parameter with ``400 Unrecognized request argument supplied: X``;
 so does this server, so that a field a client believes honoured is never silently ignored.
-Declared fields that are only partly served are checked here too: ``tools`` /
-``functions`` with a ``tool_choice`` / ``function_call`` other than ``"none"`` (no tool
-calling), ``modalities`` other than ``["text"]``, a non-empty completions ``suffix``. The
+Declared fields that are only partly served are checked here too: ``tool_choice`` without
+``tools``, the deprecated ``functions`` with a ``function_call`` other than ``"none"`` (send
+``tools``), ``modalities`` other than ``["text"]``, a non-empty completions ``suffix``. The
 honoured / refused table of every field is in ``deploy/README.md``.
 """
 
@@ -24,17 +24,14 @@ def check_request_fields(req: p.CompletionRequest | p.ChatCompletionRequest) -> 
         if req.suffix:
             raise APIError(400, "suffix: not supported (no fill-in-the-middle)", param="suffix")
         return
-    if req.tools and req.tool_choice != "none":
-        raise APIError(
-            400,
-            "tools: tool calling is not supported; send tool_choice 'none' (tools are then "
-            "only shown to the chat template) or no tools",
-            param="tools",
-        )
     if req.tool_choice not in (None, "none") and not req.tools:
         raise APIError(400, "tool_choice: no tools were given", param="tool_choice")
     if req.functions and req.function_call != "none":
-        raise APIError(400, "functions: function calling is not supported", param="functions")
+        raise APIError(
+            400,
+            "functions: deprecated function calling is not served; send tools",
+            param="functions",
+        )
     if req.modalities is not None and req.modalities != ["text"]:
         raise APIError(
             400, f"modalities: only ['text'] is supported, got {req.modalities}", param="modalities"

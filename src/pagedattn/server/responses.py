@@ -8,17 +8,12 @@ from typing import TYPE_CHECKING
 from pagedattn.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedattn.server import protocol as p
 from pagedattn.server.logprobs import chat_logprobs, completion_logprobs
+from pagedattn.server.tool_replies import finish_reason_of, reply_of
+
+openai_finish_reason = finish_reason_of  # OpenAI's finish reason of a choice
 
 if TYPE_CHECKING:
     from pagedattn.server.serving import Prepared
-
-
-def openai_finish_reason(c: CompletionOutput) -> p.FinishReason | None:
-    """OpenAI's finish reason: "length" for the engine's "length", else "stop" (None while
-    running)."""
-    if c.finish_reason is None:
-        return None
-    return "length" if c.finish_reason == "length" else "stop"
 
 
 def usage_of(out: RequestOutput, num_generated_tokens: int) -> p.Usage:
@@ -103,16 +98,18 @@ def chat_response(
     decode: Callable[[int], str],
 ) -> p.ChatCompletion:
     """The whole chat response of a finished request."""
-    choices = [
-        p.ChatChoice(
-            index=c.index,
-            message=p.AssistantMessage(content=c.text),
-            logprobs=chat_choice_logprobs(c, prepared, decode),
-            finish_reason=openai_finish_reason(c),
-            stop_reason=c.stop_reason,
+    choices = []
+    for c in out.outputs:
+        message, reason = reply_of(c, prepared.tools)
+        choices.append(
+            p.ChatChoice(
+                index=c.index,
+                message=message,
+                logprobs=chat_choice_logprobs(c, prepared, decode),
+                finish_reason=reason,
+                stop_reason=c.stop_reason,
+            )
         )
-        for c in out.outputs
-    ]
     return p.ChatCompletion(
         id=request_id,
         created=p.now_s(),

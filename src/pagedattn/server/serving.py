@@ -47,6 +47,7 @@ from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.responses import chat_response, completion_response
 from pagedattn.server.sse import failure_of, sse_events
 from pagedattn.server.structured import StructuredOutput
+from pagedattn.server.tools import ToolPlan, ToolPlanner
 
 DISCONNECT_POLL_S = 0.25
 MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
@@ -60,12 +61,14 @@ class Prepared:
         echo_text: the prompt's text to put before each choice's text (completions ``echo``),
             else None.
         num_top: alternatives per token in the response's logprobs; None = no logprobs.
+        tools: how a chat request calls tools (:mod:`pagedattn.server.tools`), else None.
     """
 
     prompt_token_ids: list[int]
     params: SamplingParams
     echo_text: str | None = None
     num_top: int | None = None
+    tools: ToolPlan | None = None
 
 
 class OpenAIServing:
@@ -93,6 +96,10 @@ class OpenAIServing:
         self.model_names: tuple[str, ...] = (model_name, *(a for a in aliases if a != model_name))
         self.structured = StructuredOutput(
             self.engine.tokenizer, self.engine.model_config.vocab_size
+        )
+        self.tool_planner = ToolPlanner(
+            self.engine.tokenizer,
+            lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
         self.default_max_tokens = default_max_tokens
         self.max_model_len: int | None = self.engine.scheduler.max_model_len
@@ -249,9 +256,11 @@ class OpenAIServing:
                 400, f"top_logprobs: expected 0..20, got {req.top_logprobs}", param="top_logprobs"
             )
         num_top = (req.top_logprobs or 0) if req.logprobs else None
+        tools = self.tool_planner.plan(req)
         ids = chat_prompt_ids(req, self.engine.tokenizer)
         max_tokens = self.resolve_max_tokens(req, len(ids), self.default_max_tokens)
-        return Prepared(ids, self._params(req, max_tokens, logprobs=num_top), None, num_top)
+        params = self._params(req, max_tokens, logprobs=num_top)
+        return Prepared(ids, params, None, num_top, tools)
 
     # ---- responses -------------------------------------------------------------------------
     async def respond(
@@ -265,7 +274,8 @@ class OpenAIServing:
         # block the event loop
         try:
             prepared: Prepared = await run_in_threadpool(prepare, req)
-            processors = await run_in_threadpool(self.structured.processors, req)
+            tool_spec = prepared.tools.spec if prepared.tools is not None else None
+            processors = await run_in_threadpool(self.structured.processors, req, tool_spec)
         except APIError as exc:
             metrics = self.async_engine.metrics
             if exc.code in REJECTIONS and metrics is not None:

@@ -24,6 +24,7 @@ from pagedattn.server.responses import (
     openai_finish_reason,
     usage_of,
 )
+from pagedattn.server.tool_replies import ToolStream
 
 
 def failure_of(out: RequestOutput) -> APIError | None:
@@ -90,9 +91,19 @@ async def sse_events(
         body = p.Completion(id=request_id, created=created, model=model, choices=[choice])
         return _event(p.dump(body))
 
-    def chat_chunk(index: int, delta: p.ChatDelta, c: CompletionOutput | None, fin: bool) -> str:
+    plan = prepared.tools
+    tool_streams = {} if plan is None else {i: ToolStream(plan) for i in range(prepared.params.n)}
+
+    def chat_chunk(
+        index: int,
+        delta: p.ChatDelta,
+        c: CompletionOutput | None,
+        fin: bool,
+        reason: p.FinishReason | None = None,
+    ) -> str:
         logprobs = None if c is None or fin else chat_choice_logprobs(c, prepared, decode)
-        reason = openai_finish_reason(c) if fin and c is not None else None
+        if reason is None:
+            reason = openai_finish_reason(c) if fin and c is not None else None
         choice = p.ChatChunkChoice(
             index=index, delta=delta, logprobs=logprobs, finish_reason=reason
         )
@@ -123,13 +134,21 @@ async def sse_events(
                 for c in out.outputs:
                     num_generated += len(c.token_ids)
                     has_logprobs = prepared.num_top is not None and c.token_ids
-                    if c.text or has_logprobs:
+                    stream = tool_streams.get(c.index)
+                    text = c.text if stream is None else stream.feed(c.text)
+                    if text or has_logprobs:
                         if chat:
-                            yield chat_chunk(c.index, p.ChatDelta(content=c.text), c, False)
+                            yield chat_chunk(c.index, p.ChatDelta(content=text), c, False)
                         else:
                             yield completion(out, c, False, False)
                     if c.finish_reason is not None:
-                        if chat:
+                        if chat and stream is not None:
+                            rest, calls, reason = stream.finish(c)
+                            if rest or calls:
+                                delta = p.ChatDelta(content=rest or None, tool_calls=calls or None)
+                                yield chat_chunk(c.index, delta, None, False)
+                            yield chat_chunk(c.index, p.ChatDelta(), c, True, reason)
+                        elif chat:
                             yield chat_chunk(c.index, p.ChatDelta(), c, True)
                         else:
                             empty = CompletionOutput(

@@ -120,14 +120,39 @@ class StructuredOutput:
                     ) from exc
             return self._compiler
 
-    def processors(self, req: p.SamplingFields) -> tuple[LogitsProcessor, ...]:
+    def special_tokens(self, texts: tuple[str, ...]) -> frozenset[str]:
+        """Which of ``texts`` are one token llguidance treats as special (matched only by
+        name in a grammar)."""
+        ll_tok = self.compiler("tools").ll_tokenizer
+        found = set()
+        for text in texts:
+            token_id = self.tokenizer.backend.token_to_id(text)
+            if token_id is not None and ll_tok.is_special_token(int(token_id)):
+                found.add(text)
+        return frozenset(found)
+
+    def processors(
+        self, req: p.SamplingFields, tool_spec: GuidedSpec | None = None
+    ) -> tuple[LogitsProcessor, ...]:
         """The logits processors the request needs (empty without a constraint). Blocking
         (grammar compilation; the first call also builds the token trie, about 1-2 s).
 
+        Args:
+            req: the request.
+            tool_spec: the grammar of the request's tool calls (:mod:`pagedattn.server.tools`).
+
         Raises:
-            APIError: 400 from :func:`guided_spec`, or a constraint that does not compile.
+            APIError: 400 from :func:`guided_spec`, a structured-output field together with
+                tool calls, or a constraint that does not compile.
         """
         spec = guided_spec(req)
+        if spec is not None and tool_spec is not None:
+            raise APIError(
+                400,
+                f"{spec.field}: cannot be combined with tool calls (send tool_choice 'none')",
+                param=spec.field,
+            )
+        spec = spec or tool_spec
         if spec is None:
             return ()
         try:

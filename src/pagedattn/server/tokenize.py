@@ -29,6 +29,7 @@ from pagedattn.server import protocol as p
 from pagedattn.server.chat_prompt import template_options
 from pagedattn.server.errors import APIError
 from pagedattn.server.serving import OpenAIServing
+from pagedattn.server.tools import template_messages
 
 
 class _Strict(BaseModel):
@@ -109,10 +110,12 @@ def add_tokenizer_routes(
                 request.chat_template_kwargs,
                 request.tools,
             )
-            messages = [
-                {**(m.model_extra or {}), "role": m.role, "content": m.text()}
-                for m in request.messages
-            ]
+            messages = template_messages(
+                [
+                    {**(m.model_extra or {}), "role": m.role, "content": m.text()}
+                    for m in request.messages
+                ]
+            )
             try:
                 text = tok.apply_chat_template(messages, **options)
             except ValueError as exc:
