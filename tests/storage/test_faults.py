@@ -145,7 +145,8 @@ class _Evil:
 
 def other_record(namespace: bytes, shape: tuple[int, ...]) -> bytes:
     """A valid record of another model's namespace."""
-    from pagedattn.storage.record import PageKey, encode_record
+    from pagedattn.cache.hashing import PageKey
+    from pagedattn.storage.record import encode_record
 
     key = PageKey(hash_page_tokens(None, [1, 2, 3, 4], namespace), None, (1, 2, 3, 4))
     return encode_record(namespace, key, np.zeros(shape, np.float32))

@@ -13,6 +13,7 @@ ids on every hit, so a digest collision can never serve another prefix's KV.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -28,6 +29,22 @@ HASH_NBYTES = 16
 _ROOT_PARENT = b"\x00" * (HASH_NBYTES + 1)
 
 PageHash = bytes
+
+
+@dataclass(frozen=True)
+class PageKey:
+    """What names one full page: its chained hash, its parent's and its exact token ids.
+
+    Attributes:
+        page_hash: 16-byte prefix hash of the page.
+        parent_hash: the previous page's hash, None for the first page of a sequence.
+        token_ids: the page's token ids (page_size ints; fewer only in a stream file's
+            partial last page).
+    """
+
+    page_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
 
 
 def _digest(data: bytes) -> bytes:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pagedattn.cache.hashing import PageKey
 from pagedattn.storage.base import KVStore, StoredPage
-from pagedattn.storage.record import PageKey, RecordError, decode_record, encode_record
+from pagedattn.storage.record import RecordError, decode_record, encode_record
 from pagedattn.storage.tier import KVTier
 
 __all__ = [

@@ -21,7 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pagedattn.storage.record import PageKey, RecordError, decode_record, encode_record
+from pagedattn.cache.hashing import PageKey
+from pagedattn.storage.record import RecordError, decode_record, encode_record
 
 #: Upper bounds (seconds) of the get/put latency histograms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

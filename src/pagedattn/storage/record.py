@@ -36,12 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from pagedattn.cache.hashing import HASH_NBYTES, PageKey, hash_page_tokens
+
 MAGIC = b"PAGEDKV\x00"
 FORMAT_VERSION = 1
 MAX_DIMS = 6
 HEADER = struct.Struct("<8sHHI16s16s16s8sB6QIQ")
 CHECKSUM_NBYTES = 16
-HASH_NBYTES = 16  # = pagedattn.cache.hashing.HASH_NBYTES (xxh3_128)
 _HAS_PARENT = 1
 #: Why a record was refused; stores count misses by these kinds.
 ERROR_KINDS = (
@@ -63,22 +64,6 @@ class RecordError(ValueError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
-
-
-@dataclass(frozen=True)
-class PageKey:
-    """What names one full page: its chained hash, its parent's and its exact token ids.
-
-    Attributes:
-        page_hash: 16-byte prefix hash of the page.
-        parent_hash: the previous page's hash, None for the first page of a sequence.
-        token_ids: the page's token ids (page_size ints; fewer only in a stream file's
-            partial last page).
-    """
-
-    page_hash: bytes
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -183,8 +168,6 @@ def decode_record(
         raise RecordError("checksum", "checksum mismatch (corrupted bytes)")
     if ns != namespace:
         raise RecordError("namespace", "written under another model/config namespace")
-    from pagedattn.cache.hashing import hash_page_tokens  # here: cache imports this module
-
     tokens = tuple(int(t) for t in np.frombuffer(buf, "<i8", num_tokens, HEADER.size))
     parent = parent_hash if flags & _HAS_PARENT else None
     if hash_page_tokens(parent, np.asarray(tokens, np.int64), namespace) != page_hash:

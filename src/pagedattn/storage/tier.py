@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pagedattn.cache.hashing import PageKey
 from pagedattn.storage.base import KVStore, StoredPage
-from pagedattn.storage.record import PageKey
 
 if TYPE_CHECKING:
     from pagedattn.cache.page_pool import PagePool
