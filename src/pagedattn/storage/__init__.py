@@ -29,11 +29,14 @@ def open_store(
     namespace: bytes,
     page_shape: tuple[int, ...],
     dtype: np.dtype | type = np.float32,
+    *,
+    key: str | bytes | None = None,
 ) -> KVStore:
-    """A store from ``--kv-store``: ``redis://HOST:PORT/DB`` or a directory path.
+    """A store from ``--kv-store``: ``redis://HOST:PORT/DB`` or a directory path; ``key`` (from
+    ``--kv-store-key``) signs every record and refuses unsigned or wrongly signed ones.
 
     Raises:
-        ValueError: an empty spec or an unsupported URL scheme. OSError: the directory
+        ValueError: an empty spec, an unsupported URL scheme, a short key. OSError: the directory
             cannot be created.
     """
     if not spec:
@@ -41,9 +44,9 @@ def open_store(
     if spec.startswith("redis://"):
         from pagedattn.storage.redis_store import RedisStore
 
-        return RedisStore(spec, namespace, page_shape, dtype)
+        return RedisStore(spec, namespace, page_shape, dtype, key=key)
     if "://" in spec:
         raise ValueError(f"kv_store: expected a directory or redis://HOST:PORT/DB, got {spec!r}")
     from pagedattn.storage.disk import DiskStore
 
-    return DiskStore(Path(spec), namespace, page_shape, dtype)
+    return DiskStore(Path(spec), namespace, page_shape, dtype, key=key)

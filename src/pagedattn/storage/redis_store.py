@@ -8,8 +8,8 @@ socket operation has an explicit timeout and no retry; a connection error or tim
 :class:`CircuitBreaker`: the tier then answers "miss" (reads) or drops (writes) at once until
 the cool-down has passed, so a dead or stalled Redis costs a request at most one timeout, and
 the tier comes back by itself with Redis. A key holding another Redis type (a list, a hash) is
-a bad record like any other: counted (``wrong_type``), deleted, a miss. Deploy Redis with ``maxmemory`` and
-``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
+a bad record like any other: counted (``wrong_type``), deleted, a miss. Deploy Redis with
+``maxmemory`` and ``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class RedisStore(BaseStore):
         cooldown_s: how long the breaker stays open after a failure.
         key_prefix: first part of every key.
         batch_pages: most commands per pipeline round trip (a SmolLM2-135M page is 720 KiB).
+        key: the shared signing key (see :class:`~pagedattn.storage.base.BaseStore`).
 
     Raises:
         ValueError: a URL that is not ``redis://``, a bad ttl or timeout.
@@ -64,8 +65,9 @@ class RedisStore(BaseStore):
         cooldown_s: float = 2.0,
         key_prefix: str = "pagedattn",
         batch_pages: int = 8,
+        key: str | bytes | None = None,
     ) -> None:
-        super().__init__(namespace, page_shape, dtype)
+        super().__init__(namespace, page_shape, dtype, key=key)
         if urlparse(url).scheme != "redis":
             raise ValueError(f"kv_store: expected redis://HOST:PORT/DB, got {url!r}")
         if not isinstance(ttl_s, int) or ttl_s < 1:
