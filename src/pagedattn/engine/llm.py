@@ -85,6 +85,16 @@ class LLM:
             engine if engine is not None else LLMEngine.from_config(engine_config(model, **kwargs))
         )
 
+    def close(self) -> None:
+        """Write every queued page to the tier and close it (idempotent; a no-op without one)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
