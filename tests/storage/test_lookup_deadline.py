@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pagedattn.bench.redis_server import RedisServer
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.storage.redis_store import RedisStore
 from tests.engine.helpers import drain, tiny_model, tokens
+from tests.redis_server import RedisServer
 from tests.storage.slow_proxy import SlowProxy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import redis
 
-from pagedattn.bench.redis_server import RedisServer
 from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.storage.redis_store import RedisStore
 from tests.engine.helpers import drain, tiny_model, tokens
+from tests.redis_server import RedisServer
 from tests.storage.pages import PAGE_SHAPE, all_equal, namespace, pages
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
