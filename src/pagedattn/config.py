@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import numpy as np
 
@@ -259,6 +261,11 @@ class EngineConfig:
         activations: ``float32`` (exact, the default) or ``int8`` (numpy backend: 4-bit
             projections on int8-quantized inputs, as llama.cpp; see
             :class:`pagedattn.model.llama.LlamaModel`).
+        kv_store_key: shared secret (>= 16 bytes) that signs every record of the tier
+            (HMAC-SHA256); records it did not sign are refused. None = unsigned records
+            (kept out of ``repr``).
+        kv_store_deadline_s: the most seconds one step waits on the tier for lookups
+            (> 0): pages not fetched by then are recomputed, and counted.
 
     Raises:
         ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store, a
@@ -274,6 +281,8 @@ class EngineConfig:
     backend: str = "numpy"
     device: str | None = None
     activations: str = "float32"
+    kv_store_key: str | None = dataclass_field(default=None, repr=False)
+    kv_store_deadline_s: float = 0.5
 
     def __post_init__(self) -> None:
         validate_backend(self.backend, self.device)
@@ -299,3 +308,12 @@ class EngineConfig:
                 "EngineConfig.kv_store: expected None, a directory or redis://HOST:PORT/DB, "
                 f"got {self.kv_store!r}"
             )
+        if self.kv_store_key is not None and not isinstance(self.kv_store_key, str):
+            raise ValueError("EngineConfig.kv_store_key: expected None or a str")
+        deadline = self.kv_store_deadline_s
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+            raise ValueError(
+                f"EngineConfig.kv_store_deadline_s: expected seconds, got {deadline!r}"
+            )
+        if not (math.isfinite(deadline) and deadline > 0):
+            raise ValueError(f"EngineConfig.kv_store_deadline_s: expected > 0, got {deadline!r}")

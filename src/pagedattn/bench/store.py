@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pagedattn.cache.hashing import PageKey
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.storage import KVStore, StoredPage, open_store
-from pagedattn.storage.record import PageKey
 
 FIRST_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 

@@ -13,6 +13,7 @@ ids on every hit, so a digest collision can never serve another prefix's KV.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -28,6 +29,22 @@ HASH_NBYTES = 16
 _ROOT_PARENT = b"\x00" * (HASH_NBYTES + 1)
 
 PageHash = bytes
+
+
+@dataclass(frozen=True)
+class PageKey:
+    """What names one full page: its chained hash, its parent's and its exact token ids.
+
+    Attributes:
+        page_hash: 16-byte prefix hash of the page.
+        parent_hash: the previous page's hash, None for the first page of a sequence.
+        token_ids: the page's token ids (page_size ints; fewer only in a stream file's
+            partial last page).
+    """
+
+    page_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
 
 
 def _digest(data: bytes) -> bytes:
@@ -116,11 +133,16 @@ def cache_namespace(
 ) -> bytes:
     """Namespace bytes that make page hashes specific to everything that shapes a page's KV.
 
-    Two caches share pages only when every field matches: the model weights and tokenizer
-    (fingerprint of the files' content), compute backend and device, storage dtype, page
-    geometry, RoPE parameters, the attention pattern the KV was computed under (window, sinks,
-    position mode: with a window the KV of deeper layers differs from full attention) and the
-    layout version.
+    Two caches share pages only when every field matches: the model (fingerprint of its
+    weights' content), storage dtype, page geometry, RoPE parameters, the attention pattern the
+    KV was computed under (window, sinks, position mode: with a window the KV of deeper layers
+    differs from full attention), the activations mode and the layout version.
+
+    The engine leaves ``backend`` and ``device`` at their defaults on purpose: pages computed
+    by the NumPy and the torch backend, on a CPU or a GPU, or on hosts with other instruction
+    sets, share one namespace (a tier shared by such servers serves each the others' pages).
+    Their float32 KV agrees to rounding, not bit for bit: attention on another ISA or backend
+    differs by about 1e-7 (summation order, FMA), so a restored page may carry those last bits.
 
     Args:
         model_fingerprint: stable id of the weights (e.g. a digest of the model file).
@@ -133,9 +155,9 @@ def cache_namespace(
         activations: how the projections meet 4-bit weights (``"float32"`` exact, ``"int8"``
             llama.cpp-style): int8 KV is ~1% off the exact KV, so the two never share pages.
             (``float32`` adds no field, so existing namespaces are unchanged.)
-        backend, device: the compute backend and device with its precision mode (e.g.
-            ``"numpy"``, ``"cpu"``): other kernels give other KV bits, so their pages are
-            never mixed, in memory or in a persistent tier.
+        backend, device: a compute backend and device to keep apart (e.g. ``"torch"``,
+            ``"cuda"``) for a caller that wants bit-identical pages only; the engine passes
+            neither (see above).
         layout_version: see :data:`LAYOUT_VERSION`.
 
     Returns:

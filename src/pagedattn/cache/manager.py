@@ -24,17 +24,14 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from pagedattn.cache.allocator import OutOfPagesError, PageAllocator
 from pagedattn.cache.hashing import PageHash, prefix_page_hashes
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
-from pagedattn.cache.tier_pages import computed_pages, restore_pages
-
-if TYPE_CHECKING:
-    from pagedattn.storage.tier import KVTier
+from pagedattn.cache.tier_pages import PageTier, computed_pages, restore_pages
 
 logger = logging.getLogger("pagedattn.cache")
 
@@ -80,7 +77,7 @@ class CacheManager:
         num_sink_tokens: int = 0,
         policy: EvictionPolicy = "reclaim",
         enable_prefix_caching: bool = True,
-        tier: KVTier | None = None,
+        tier: PageTier | None = None,
     ) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")

@@ -3,17 +3,30 @@ and restoring a run of stored pages into fresh pool pages (registered in the pre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from pagedattn.cache.allocator import PageAllocator
-from pagedattn.cache.hashing import PageHash
+from pagedattn.cache.hashing import PageHash, PageKey
 from pagedattn.cache.sequence_pages import SequencePages
-from pagedattn.storage.record import PageKey
 
-if TYPE_CHECKING:
-    from pagedattn.storage.tier import KVTier
+
+class PageTier(Protocol):
+    """The persistent tier as the cache manager uses it (:class:`pagedattn.storage.KVTier`)."""
+
+    def lookup(self, keys: Sequence[PageKey]) -> list[np.ndarray]:
+        """KV of the longest stored, valid prefix of ``keys``."""
+        ...
+
+    def load(self, page_id: int, kv: np.ndarray) -> None:
+        """Copy a restored page into pool page ``page_id``."""
+        ...
+
+    def write(self, page_ids: Sequence[int], keys: Sequence[PageKey]) -> None:
+        """Queue pool pages for the store."""
+        ...
 
 
 def computed_pages(
@@ -40,7 +53,7 @@ def computed_pages(
 
 
 def restore_pages(
-    tier: KVTier,
+    tier: PageTier,
     allocator: PageAllocator,
     seq: SequencePages,
     tokens: np.ndarray,

@@ -99,6 +99,29 @@ KvStoreOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+KvStoreKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-store-key",
+        envvar="PAGEDATTN_KV_STORE_KEY",
+        show_envvar=True,
+        metavar="SECRET",
+        help="Shared secret (16+ bytes) that signs every --kv-store record (HMAC-SHA256); "
+        "unsigned or wrongly signed records are refused. Without it, whoever can write the "
+        "store decides what KV is restored.",
+        rich_help_panel=ENGINE,
+    ),
+]
+KvStoreDeadlineOption = Annotated[
+    float,
+    typer.Option(
+        "--kv-store-deadline",
+        metavar="SECONDS",
+        help="The most one engine step waits on --kv-store lookups; pages not fetched by then "
+        "are recomputed (and counted).",
+        rich_help_panel=ENGINE,
+    ),
+]
 BackendOption = Annotated[
     str,
     typer.Option(
@@ -203,6 +226,8 @@ def build_engine(
     position_mode: str,
     prefix_caching: bool = True,
     kv_store: str | None = None,
+    kv_store_key: str | None = None,
+    kv_store_deadline_s: float = 0.5,
     backend: str = "numpy",
     device: str | None = None,
     activations: str = "float32",
@@ -215,9 +240,10 @@ def build_engine(
         page_size: tokens per page; kv_cache_mib: KV budget in MiB; sliding_window: W in
             tokens, 0 = none; sinks: sink tokens; position_mode: "absolute" or "shifted";
             prefix_caching: enable the prefix cache; kv_store: the persistent tier (a
-            directory or redis://HOST:PORT/DB) or None; backend, device: the array backend
-            (:mod:`pagedattn.backends`); activations: ``float32`` or ``int8``; kv_cache_dtype:
-            ``float32`` or ``float16``.
+            directory or redis://HOST:PORT/DB) or None; kv_store_key: its shared signing
+            secret or None; kv_store_deadline_s: the most a step waits on it; backend,
+            device: the array backend (:mod:`pagedattn.backends`); activations: ``float32``
+            or ``int8``; kv_cache_dtype: ``float32`` or ``float16``.
 
     Raises:
         ValueError: a value the configs reject; FileNotFoundError: a missing model;
@@ -235,6 +261,8 @@ def build_engine(
         position_mode=position_mode,
         enable_prefix_caching=prefix_caching,
         kv_store=kv_store,
+        kv_store_key=kv_store_key,
+        kv_store_deadline_s=kv_store_deadline_s,
         backend=backend,
         device=device,
         activations=activations,
@@ -321,6 +349,9 @@ FLAGS = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "top_k": "--top-k",
+    "kv_store": "--kv-store",
+    "kv_store_key": "--kv-store-key",
+    "kv_store_deadline_s": "--kv-store-deadline",
 }
 _CONFIG_FIELD = re.compile(r"\b(?:CacheConfig|SchedulerConfig|EngineConfig)\.(\w+)")
 _LEADING_FIELD = re.compile(r"^(\w+):")

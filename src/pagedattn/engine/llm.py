@@ -24,15 +24,24 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
             enable_prefix_caching, sliding_window, num_sink_tokens, position_mode), any
             SchedulerConfig field (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
             max_model_len), ``seed``, ``kv_store`` (a directory or ``redis://HOST:PORT/DB``),
-            ``backend`` (numpy, torch), ``device`` (cpu, cuda) and ``activations`` (float32,
-            int8).
+            ``kv_store_key`` (a shared secret that signs the tier's records),
+            ``kv_store_deadline_s`` (the most a step waits on tier lookups), ``backend``
+            (numpy, torch), ``device`` (cpu, cuda) and ``activations`` (float32, int8).
 
     Raises:
         ValueError: an unknown keyword, or a value the configs reject.
     """
     cache_fields = {f.name for f in dataclasses.fields(CacheConfig)}
     sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    engine_fields = {"seed", "kv_store", "backend", "device", "activations"}
+    engine_fields = {
+        "seed",
+        "kv_store",
+        "kv_store_key",
+        "kv_store_deadline_s",
+        "backend",
+        "device",
+        "activations",
+    }
     unknown = set(kwargs) - cache_fields - sched_fields - engine_fields
     if unknown:
         raise ValueError(
@@ -45,6 +54,8 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
         scheduler=SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_fields}),
         seed=kwargs.get("seed", 0),
         kv_store=kwargs.get("kv_store"),
+        kv_store_key=kwargs.get("kv_store_key"),
+        kv_store_deadline_s=kwargs.get("kv_store_deadline_s", 0.5),
         backend=kwargs.get("backend", "numpy"),
         device=kwargs.get("device"),
         activations=kwargs.get("activations", "float32"),
@@ -53,6 +64,10 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
 
 class LLM:
     """Offline batch generation.
+
+    With a ``kv_store``, pages are written to the tier on a background thread: call
+    :meth:`close` (or use ``with LLM(...) as llm:``) so that the queued writes land before the
+    process exits.
 
     Args:
         model: a GGUF file / safetensors folder path, or None for the embedded SmolLM2.
@@ -69,6 +84,16 @@ class LLM:
         self.engine = (
             engine if engine is not None else LLMEngine.from_config(engine_config(model, **kwargs))
         )
+
+    def close(self) -> None:
+        """Write every queued page to the tier and close it (idempotent; a no-op without one)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def generate(
         self,

@@ -18,6 +18,7 @@ import numpy as np
 
 from pagedattn.cache import CacheManager, PagePool, cache_namespace
 from pagedattn.config import EngineConfig, ModelConfig
+from pagedattn.engine.fingerprint import weights_fingerprint
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.sampler import make_generator
@@ -44,7 +45,9 @@ class LLMEngine:
         tokenizer: ``pagedattn.model.tokenizer.Tokenizer`` for text prompts, streamed text and
             its stop token ids; None = token-id prompts only, empty output text, and the model
             config's ``eos_token_id`` as the only end-of-sequence id.
-        model_fingerprint: stable id of the weights, part of the prefix cache namespace.
+        model_fingerprint: stable id of the weights, part of the prefix cache namespace; None
+            = a digest of the model's config and weights
+            (:func:`pagedattn.engine.fingerprint.weights_fingerprint`).
         kv_store: the persistent tier: a :class:`pagedattn.storage.KVStore`, or None to open
             ``config.kv_store`` (a directory or ``redis://``) when set. Full pages are written
             to it after the forward that filled them; a prefix-cache miss restores from it.
@@ -54,7 +57,8 @@ class LLMEngine:
 
     Raises:
         ValueError: a KV budget that holds no page; a kv_store without prefix caching; a model
-            built for another backend than ``config``'s.
+            built for another backend than ``config``'s; a kv_store for a model whose weights
+            cannot be digested and no ``model_fingerprint``.
         pagedattn.backends.BackendError: the backend's library or device is missing, or cupy.
     """
 
@@ -64,7 +68,7 @@ class LLMEngine:
         model: Model,
         tokenizer: Any = None,
         *,
-        model_fingerprint: str = "unnamed-model",
+        model_fingerprint: str | None = None,
         kv_store: KVStore | None = None,
     ) -> None:
         mc: ModelConfig = model.config  # type: ignore[attr-defined]
@@ -72,6 +76,15 @@ class LLMEngine:
         self.config = config
         self.model_config = mc
         self.tokenizer = tokenizer
+        if model_fingerprint is None:
+            model_fingerprint = weights_fingerprint(model)
+        if model_fingerprint is None:
+            if kv_store is not None or config.kv_store is not None:
+                raise ValueError(
+                    "model_fingerprint: this model's weights cannot be digested to name its "
+                    "pages in the kv_store; pass model_fingerprint (a digest of its weights)"
+                )
+            model_fingerprint = f"engine-private:{uuid.uuid4().hex}"  # shares with nobody
         self.model_fingerprint = model_fingerprint
         num_pages = cc.resolve_num_pages(mc)
         self.backend = resolve_model_backend(config.backend, config.device)
@@ -154,8 +167,10 @@ class LLMEngine:
             assert config.kv_store is not None
             pool = self.page_pool
             page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
-            store = open_store(config.kv_store, namespace, page_shape, pool.dtype)
-        return KVTier(store, self.page_pool)
+            store = open_store(
+                config.kv_store, namespace, page_shape, pool.dtype, key=config.kv_store_key
+            )
+        return KVTier(store, self.page_pool, lookup_deadline_s=config.kv_store_deadline_s)
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
@@ -298,6 +313,8 @@ class LLMEngine:
             KeyboardInterrupt (and other non-``Exception`` errors) after failing the step's
             requests; their outputs come with the next step.
         """
+        if self.kv_tier is not None:
+            self.kv_tier.begin_step()  # this step's lookups share one deadline
         batch = self.scheduler.schedule()
         try:
             sampled = self.runner.run(batch)

@@ -84,8 +84,8 @@ def create_app(
         try:
             yield
         finally:
-            async_engine.stop()
-            engine.close()  # finish queued kv-store writes
+            # finish queued kv-store writes once the engine thread has stopped (not mid-step)
+            async_engine.stop(then=engine.close)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._closed = False  # stop() was called, or the thread died
         self.death: str | None = None  # why the engine thread died
+        self._after_exit: Callable[[], None] | None = None  # see stop(then=...)
         self._stats: dict[str, Any] = engine.get_stats()
         self._last_progress = time.monotonic()
         self.num_step_errors = 0
@@ -108,19 +109,26 @@ class AsyncEngine:
                 )
                 self._thread.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 10.0, *, then: Callable[[], None] | None = None) -> None:
         """Abort every request, stop the engine thread and wait for it (at most ``timeout_s``;
         a thread still busy after that finishes its step and exits on its own, and no other
-        thread is ever started for this engine)."""
+        thread is ever started for this engine). ``then`` (e.g. ``engine.close``) runs once
+        the thread has stopped: now, or when the busy thread exits, never under a step."""
         with self._lock:
             self._closed = True
             thread = self._thread
-        if thread is None:
-            return
-        self._commands.put(_STOP)
-        thread.join(timeout_s)
-        if thread.is_alive():
-            logger.warning("engine thread still busy %.1f s after stop()", timeout_s)
+            self._after_exit = then
+        if thread is not None:
+            self._commands.put(_STOP)
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.warning("engine thread still busy %.1f s after stop()", timeout_s)
+        with self._lock:
+            if thread is not None and thread.is_alive():
+                return  # the thread runs ``then`` as it exits
+            after, self._after_exit = self._after_exit, None
+        if after is not None:
+            after()
 
     @property
     def is_running(self) -> bool:
@@ -209,6 +217,11 @@ class AsyncEngine:
             dead = EngineDeadError(self.death or "the engine loop stopped")
             for sink in orphans:  # nobody will answer them: fail them now
                 self._deliver(sink, dead)
+            with self._lock:
+                after = self._after_exit if self._closed else None
+                self._after_exit = None
+            if after is not None:
+                after()
 
     def _loop(self) -> None:
         engine = self.engine

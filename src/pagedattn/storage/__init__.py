@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pagedattn.cache.hashing import PageKey
 from pagedattn.storage.base import KVStore, StoredPage
-from pagedattn.storage.record import PageKey, RecordError, decode_record, encode_record
+from pagedattn.storage.record import RecordError, decode_record, encode_record
 from pagedattn.storage.tier import KVTier
 
 __all__ = [
@@ -28,11 +29,14 @@ def open_store(
     namespace: bytes,
     page_shape: tuple[int, ...],
     dtype: np.dtype | type = np.float32,
+    *,
+    key: str | bytes | None = None,
 ) -> KVStore:
-    """A store from ``--kv-store``: ``redis://HOST:PORT/DB`` or a directory path.
+    """A store from ``--kv-store``: ``redis://HOST:PORT/DB`` or a directory path; ``key`` (from
+    ``--kv-store-key``) signs every record and refuses unsigned or wrongly signed ones.
 
     Raises:
-        ValueError: an empty spec or an unsupported URL scheme. OSError: the directory
+        ValueError: an empty spec, an unsupported URL scheme, a short key. OSError: the directory
             cannot be created.
     """
     if not spec:
@@ -40,9 +44,9 @@ def open_store(
     if spec.startswith("redis://"):
         from pagedattn.storage.redis_store import RedisStore
 
-        return RedisStore(spec, namespace, page_shape, dtype)
+        return RedisStore(spec, namespace, page_shape, dtype, key=key)
     if "://" in spec:
         raise ValueError(f"kv_store: expected a directory or redis://HOST:PORT/DB, got {spec!r}")
     from pagedattn.storage.disk import DiskStore
 
-    return DiskStore(Path(spec), namespace, page_shape, dtype)
+    return DiskStore(Path(spec), namespace, page_shape, dtype, key=key)

@@ -21,7 +21,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pagedattn.storage.record import PageKey, RecordError, decode_record, encode_record
+from pagedattn.cache.hashing import PageKey
+from pagedattn.storage.record import (
+    RecordError,
+    decode_record,
+    encode_record,
+    record_nbytes,
+    signing_key,
+)
 
 #: Upper bounds (seconds) of the get/put latency histograms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -87,18 +94,38 @@ class BaseStore(abc.ABC):
         page_shape: the KV shape of one page, ``(num_layers, 2, num_kv_heads, page_size,
             head_dim)``.
         dtype: the KV dtype (float32).
+        key: shared secret (>= 16 bytes; a str is UTF-8): every record is signed with it
+            (HMAC-SHA256) and only records it signed are used. None: records are unsigned and
+            any record that checks out is used (see :mod:`pagedattn.storage.record`).
+
+    Raises:
+        ValueError: a namespace that is not 16 bytes, a key that is too short.
     """
 
     backend = "base"
 
     def __init__(
-        self, namespace: bytes, page_shape: tuple[int, ...], dtype: np.dtype | type = np.float32
+        self,
+        namespace: bytes,
+        page_shape: tuple[int, ...],
+        dtype: np.dtype | type = np.float32,
+        *,
+        key: str | bytes | None = None,
     ) -> None:
         if len(namespace) != 16:
             raise ValueError(f"namespace: expected 16 bytes, got {len(namespace)}")
         self.namespace = namespace
         self.page_shape = tuple(page_shape)
         self.dtype = np.dtype(dtype)
+        self._key = signing_key(key)
+        self.signed = self._key is not None
+        page_size = self.page_shape[3] if len(self.page_shape) == 5 else 0
+        #: The sizes a record of one page can have, signed or not (a record of any other size
+        #: is refused before it is read; an unsigned one read with a key fails its signature).
+        self.record_sizes = frozenset(
+            record_nbytes(self.page_shape, self.dtype, page_size, signed=signed)
+            for signed in (False, True)
+        )
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
@@ -156,6 +183,7 @@ class BaseStore(abc.ABC):
                     expected=key,
                     dtype=self.dtype,
                     shape=self.page_shape,
+                    verify_with=self._key,
                 )
             except RecordError as exc:
                 self.count_error(exc.kind)
@@ -184,7 +212,10 @@ class BaseStore(abc.ABC):
             return 0
         t0 = time.perf_counter()
         items = [
-            (p.key.page_hash, encode_record(self.namespace, p.key, p.kv.astype(self.dtype)))
+            (
+                p.key.page_hash,
+                encode_record(self.namespace, p.key, p.kv.astype(self.dtype), sign_with=self._key),
+            )
             for p in pages
         ]
         written = self._write_raw(items)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -70,9 +71,10 @@ class DiskStore(BaseStore):
         page_shape: KV shape of one page; dtype: KV dtype.
         max_bytes: cap on the bytes of every page record under ``root`` (all namespaces);
             None = no cap.
+        key: the shared signing key (see :class:`~pagedattn.storage.base.BaseStore`).
 
     Raises:
-        ValueError: ``max_bytes`` < 1. OSError: ``root`` cannot be created.
+        ValueError: ``max_bytes`` < 1, a short key. OSError: ``root`` cannot be created.
     """
 
     backend = "disk"
@@ -85,8 +87,9 @@ class DiskStore(BaseStore):
         dtype: np.dtype | type = np.float32,
         *,
         max_bytes: int | None = None,
+        key: str | bytes | None = None,
     ) -> None:
-        super().__init__(namespace, page_shape, dtype)
+        super().__init__(namespace, page_shape, dtype, key=key)
         if max_bytes is not None and max_bytes < 1:
             raise ValueError(f"max_bytes: expected None or >= 1, got {max_bytes}")
         self.root = Path(root).expanduser()
@@ -117,16 +120,45 @@ class DiskStore(BaseStore):
         return [self.path_of(h).is_file() for h in page_hashes]
 
     def _read_raw(self, page_hashes: Sequence[bytes]) -> list[bytes | None]:
+        """Each record's bytes; a file that is not a regular file of a record's size (known
+        from the page shape) is refused from its metadata, unread: counted (``size``),
+        deleted, a miss."""
         out: list[bytes | None] = []
+        bad: list[bytes] = []
         for h in page_hashes:
             try:
-                out.append(self.path_of(h).read_bytes())
+                data = self._read_record(self.path_of(h))
             except FileNotFoundError:  # never written, or evicted by another process
-                out.append(None)
+                data = None
             except OSError:
                 self.count_error("io")
-                out.append(None)
+                data = None
+            if data is False:
+                self.count_error("size")
+                bad.append(h)
+                data = None
+            out.append(data)
+        if bad:
+            self._delete_raw(bad)
         return out
+
+    def _read_record(self, path: Path) -> bytes | Literal[False]:
+        """The file's bytes, or False when its size (or kind) rules it out as a record."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size not in self.record_sizes:
+                return False
+            chunks, left = [], st.st_size
+            while left:
+                chunk = os.read(fd, left)
+                if not chunk:  # shrank under us: not a whole record
+                    return False
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def _write_raw(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         written = 0

@@ -9,7 +9,7 @@ field                 bytes
 ====================  ======================================================================
 magic                 8, ``b"PAGEDKV\\0"``
 format_version        u16, :data:`FORMAT_VERSION`
-flags                 u16, bit 0 = has a parent page
+flags                 u16, bit 0 = has a parent page, bit 1 = signed
 header_size           u32, :data:`HEADER.size` (a sanity check)
 namespace             16, the cache namespace (:func:`pagedattn.cache.hashing.cache_namespace`)
 page_hash             16, the page's chained prefix hash
@@ -21,7 +21,14 @@ payload_nbytes        u64
 token_ids             num_tokens x i64
 payload               the raw C-order array bytes
 checksum              16, xxh3_128 of every byte above
+signature             32, only when signed: HMAC-SHA256 of every byte above under the
+                      store's shared key
 ====================  ======================================================================
+
+The checksum is integrity (a torn or flipped byte), not authentication: anyone who can write
+to the store can write a record that checks out. With a shared key
+(:func:`signing_key`) every record is signed and a reader refuses an unsigned or wrongly
+signed one (``signature``), so only holders of the key can place KV in the tier.
 
 Nothing is ever unpickled or evaluated: a record is parsed with :mod:`struct` and
 ``np.frombuffer`` only, after its checksum matched. Every way a record can be wrong raises
@@ -30,19 +37,26 @@ Nothing is ever unpickled or evaluated: a record is parsed with :mod:`struct` an
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
+from pagedattn.cache.hashing import HASH_NBYTES, PageKey, hash_page_tokens
+
 MAGIC = b"PAGEDKV\x00"
 FORMAT_VERSION = 1
 MAX_DIMS = 6
 HEADER = struct.Struct("<8sHHI16s16s16s8sB6QIQ")
 CHECKSUM_NBYTES = 16
-HASH_NBYTES = 16  # = pagedattn.cache.hashing.HASH_NBYTES (xxh3_128)
+SIGNATURE_NBYTES = 32
+#: Fewest bytes a shared signing key may have.
+MIN_KEY_NBYTES = 16
 _HAS_PARENT = 1
+_SIGNED = 2
 #: Why a record was refused; stores count misses by these kinds.
 ERROR_KINDS = (
     "truncated",
@@ -54,6 +68,8 @@ ERROR_KINDS = (
     "parent",
     "tokens",
     "shape",
+    "signature",
+    "size",
 )
 
 
@@ -65,20 +81,34 @@ class RecordError(ValueError):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class PageKey:
-    """What names one full page: its chained hash, its parent's and its exact token ids.
+def signing_key(key: str | bytes | None) -> bytes | None:
+    """The shared key as bytes (a str is UTF-8), None for none.
 
-    Attributes:
-        page_hash: 16-byte prefix hash of the page.
-        parent_hash: the previous page's hash, None for the first page of a sequence.
-        token_ids: the page's token ids (page_size ints; fewer only in a stream file's
-            partial last page).
+    Raises:
+        ValueError: a key shorter than :data:`MIN_KEY_NBYTES` bytes.
     """
+    if key is None:
+        return None
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if len(raw) < MIN_KEY_NBYTES:
+        raise ValueError(
+            f"kv_store_key: expected at least {MIN_KEY_NBYTES} bytes, got {len(raw)} "
+            "(use a long random secret, e.g. `openssl rand -hex 32`)"
+        )
+    return raw
 
-    page_hash: bytes
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
+
+def record_nbytes(
+    page_shape: tuple[int, ...], dtype: np.dtype | type, num_tokens: int, *, signed: bool
+) -> int:
+    """The exact size of a record of one page (known before reading it)."""
+    payload = int(np.prod(page_shape)) * np.dtype(dtype).itemsize
+    tail = CHECKSUM_NBYTES + (SIGNATURE_NBYTES if signed else 0)
+    return HEADER.size + 8 * num_tokens + payload + tail
+
+
+def _signature(key: bytes, signed_part: bytes | memoryview) -> bytes:
+    return hmac.new(key, signed_part, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
@@ -90,7 +120,9 @@ class DecodedRecord:
     kv: np.ndarray
 
 
-def encode_record(namespace: bytes, key: PageKey, kv: np.ndarray) -> bytes:
+def encode_record(
+    namespace: bytes, key: PageKey, kv: np.ndarray, *, sign_with: bytes | None = None
+) -> bytes:
     """Serialize one page.
 
     Args:
@@ -98,6 +130,7 @@ def encode_record(namespace: bytes, key: PageKey, kv: np.ndarray) -> bytes:
         key: the page's hashes and token ids.
         kv: the page's KV, e.g. float32 ``(num_layers, 2, num_kv_heads, page_size, head_dim)``;
             written C-order.
+        sign_with: the shared key (:func:`signing_key`): the record is signed; None: unsigned.
 
     Returns:
         The record bytes (header + token ids + payload + checksum).
@@ -120,7 +153,7 @@ def encode_record(namespace: bytes, key: PageKey, kv: np.ndarray) -> bytes:
     header = HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
-        _HAS_PARENT if key.parent_hash is not None else 0,
+        (_HAS_PARENT if key.parent_hash is not None else 0) | (_SIGNED if sign_with else 0),
         HEADER.size,
         namespace,
         key.page_hash,
@@ -133,7 +166,8 @@ def encode_record(namespace: bytes, key: PageKey, kv: np.ndarray) -> bytes:
         len(payload),
     )
     body = header + tokens + payload
-    return body + xxhash.xxh3_128_digest(body)
+    record = body + xxhash.xxh3_128_digest(body)
+    return record + _signature(sign_with, record) if sign_with else record
 
 
 def decode_record(
@@ -143,11 +177,13 @@ def decode_record(
     expected: PageKey | None = None,
     dtype: np.dtype | type | None = None,
     shape: tuple[int, ...] | None = None,
+    verify_with: bytes | None = None,
 ) -> DecodedRecord:
     """Parse and check a record; nothing in it is trusted before the checks pass.
 
     Checks, in order: magic (``bad_magic``, e.g. a pickle), length (``truncated``),
-    format version (``version``), total size (``truncated``), checksum (``checksum``),
+    format version (``version``), total size (``truncated``), checksum (``checksum``), with
+    ``verify_with`` the signature (``signature``: unsigned or signed with another key),
     namespace (``namespace``: another model or config), that the token ids re-hash with the
     parent to the page hash (``hash``), then against ``expected``: hash (``hash``), parent
     (``parent``), token ids (``tokens``); dtype and shape (``shape``).
@@ -157,6 +193,8 @@ def decode_record(
         namespace: the reader's 16-byte namespace.
         expected: the page the reader asked for (None: accept any page of the namespace).
         dtype, shape: the payload the reader needs (None: accept what the header says).
+        verify_with: the shared key: only records it signed are accepted. None: signed and
+            unsigned records are both accepted (the reader trusts whoever writes the store).
 
     Returns:
         The decoded record; ``kv`` is a read-only view of ``data``.
@@ -175,16 +213,21 @@ def decode_record(
     del magic  # checked above
     if version != FORMAT_VERSION or header_size != HEADER.size:
         raise RecordError("version", f"format {version}, this reader reads {FORMAT_VERSION}")
-    size = HEADER.size + 8 * num_tokens + payload_nbytes + CHECKSUM_NBYTES
+    signed = bool(flags & _SIGNED)
+    end = HEADER.size + 8 * num_tokens + payload_nbytes
+    size = end + CHECKSUM_NBYTES + (SIGNATURE_NBYTES if signed else 0)
     if len(buf) != size:
         raise RecordError("truncated", f"{len(buf)} bytes, the header says {size}")
-    body = buf[: size - CHECKSUM_NBYTES]
-    if xxhash.xxh3_128_digest(body) != bytes(buf[size - CHECKSUM_NBYTES :]):
+    if xxhash.xxh3_128_digest(buf[:end]) != bytes(buf[end : end + CHECKSUM_NBYTES]):
         raise RecordError("checksum", "checksum mismatch (corrupted bytes)")
+    if verify_with is not None:
+        if not signed:
+            raise RecordError("signature", "an unsigned record; this store needs signed ones")
+        tag = _signature(verify_with, buf[: end + CHECKSUM_NBYTES])
+        if not hmac.compare_digest(tag, bytes(buf[end + CHECKSUM_NBYTES :])):
+            raise RecordError("signature", "signed with another key (or forged)")
     if ns != namespace:
         raise RecordError("namespace", "written under another model/config namespace")
-    from pagedattn.cache.hashing import hash_page_tokens  # here: cache imports this module
-
     tokens = tuple(int(t) for t in np.frombuffer(buf, "<i8", num_tokens, HEADER.size))
     parent = parent_hash if flags & _HAS_PARENT else None
     if hash_page_tokens(parent, np.asarray(tokens, np.int64), namespace) != page_hash:

@@ -7,8 +7,9 @@ models never mix and ``SCAN`` can list one model's pages) with a TTL; documents 
 socket operation has an explicit timeout and no retry; a connection error or timeout opens a
 :class:`CircuitBreaker`: the tier then answers "miss" (reads) or drops (writes) at once until
 the cool-down has passed, so a dead or stalled Redis costs a request at most one timeout, and
-the tier comes back by itself with Redis. Deploy Redis with ``maxmemory`` and
-``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
+the tier comes back by itself with Redis. A key holding another Redis type (a list, a hash) is
+a bad record like any other: counted (``wrong_type``), deleted, a miss. Deploy Redis with
+``maxmemory`` and ``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class RedisStore(BaseStore):
         cooldown_s: how long the breaker stays open after a failure.
         key_prefix: first part of every key.
         batch_pages: most commands per pipeline round trip (a SmolLM2-135M page is 720 KiB).
+        key: the shared signing key (see :class:`~pagedattn.storage.base.BaseStore`).
 
     Raises:
         ValueError: a URL that is not ``redis://``, a bad ttl or timeout.
@@ -63,8 +65,9 @@ class RedisStore(BaseStore):
         cooldown_s: float = 2.0,
         key_prefix: str = "pagedattn",
         batch_pages: int = 8,
+        key: str | bytes | None = None,
     ) -> None:
-        super().__init__(namespace, page_shape, dtype)
+        super().__init__(namespace, page_shape, dtype, key=key)
         if urlparse(url).scheme != "redis":
             raise ValueError(f"kv_store: expected redis://HOST:PORT/DB, got {url!r}")
         if not isinstance(ttl_s, int) or ttl_s < 1:
@@ -101,38 +104,74 @@ class RedisStore(BaseStore):
     def _call(self, commands: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any] | None:
         """Run commands in pipelines of at most :attr:`batch_pages` commands each (so that one
         round trip moves a bounded number of bytes); None when the breaker is open or a
-        pipeline failed (then the whole call is a miss / a lost write)."""
+        pipeline failed (then the whole call is a miss / a lost write).
+
+        A command Redis refuses (e.g. ``GET`` on a key holding a list) does not fail the call:
+        its result is the exception, for the caller to judge. The breaker hears back from every
+        call, whatever it raises (a half-open probe that raised would otherwise keep the tier
+        off for good).
+        """
         if not self.breaker.allow():
             self.count_error("circuit_open")
             return None
+        ok = False
         try:
             result: list[Any] = []
             for lo in range(0, len(commands), self.batch_pages):
                 pipe = self.client.pipeline(transaction=False)
                 for name, args in commands[lo : lo + self.batch_pages]:
                     getattr(pipe, name)(*args)
-                result += pipe.execute()
+                result += pipe.execute(raise_on_error=False)
+            ok = True
         except self._errors_caught as exc:
             timeout = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc)
             self.count_error("timeout" if timeout else "unavailable")
-            self.breaker.failure()
             return None
-        self.breaker.success()
+        except Exception:  # a client bug or MemoryError: a miss, never a failed batch
+            self.count_error("client")
+            return None
+        finally:
+            if ok:
+                self.breaker.success()
+            else:
+                self.breaker.failure()
         return result
 
     def _contains_raw(self, page_hashes: Sequence[bytes]) -> list[bool]:
         result = self._call([("exists", (self.key(h),)) for h in page_hashes])
-        return [False] * len(page_hashes) if result is None else [bool(r) for r in result]
+        return (
+            [False] * len(page_hashes)
+            if result is None
+            else [isinstance(r, int) and r > 0 for r in result]
+        )
 
     def _read_raw(self, page_hashes: Sequence[bytes]) -> list[bytes | None]:
+        """A value that is not a string (a list, a hash, ... under a page key) is a bad record:
+        counted as ``wrong_type``, deleted, a miss."""
         result = self._call([("get", (self.key(h),)) for h in page_hashes])
         if result is None:
             return [None] * len(page_hashes)
-        return [r if isinstance(r, bytes) else None for r in result]
+        out: list[bytes | None] = []
+        bad: list[bytes] = []
+        for h, r in zip(page_hashes, result, strict=True):
+            if isinstance(r, bytes) or r is None:
+                out.append(r)
+                continue
+            self.count_error("wrong_type")
+            bad.append(h)
+            out.append(None)
+        if bad:
+            self._delete_raw(bad)
+        return out
 
     def _write_raw(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         result = self._call([("set", (self.key(h), data, self.ttl_s)) for h, data in items])
-        return 0 if result is None else sum(len(d) for _, d in items)
+        if result is None:
+            return 0
+        refused = sum(1 for r in result if isinstance(r, Exception))  # e.g. OOM at maxmemory
+        for _ in range(refused):
+            self.count_error("refused")
+        return sum(len(d) for (_, d), r in zip(items, result, strict=True) if r is True)
 
     def _delete_raw(self, page_hashes: Sequence[bytes]) -> None:
         self._call([("delete", (self.key(h),)) for h in page_hashes])
@@ -158,7 +197,8 @@ class RedisStore(BaseStore):
             OSError: Redis is unreachable (the caller decides whether that matters).
         """
         key = self.doc_prefix + check_document_name(name)
-        if self._call([("set", (key, data, self.ttl_s))]) is None:
+        result = self._call([("set", (key, data, self.ttl_s))])
+        if result is None or result[0] is not True:
             raise OSError(f"kv_store {self.url}: could not save document {name!r}")
 
     def close(self) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from pagedattn.cache.hashing import PageKey
 from pagedattn.storage.record import (
     FORMAT_VERSION,
     DecodedRecord,
-    PageKey,
     RecordError,
     decode_record,
     encode_record,

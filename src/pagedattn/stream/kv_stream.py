@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 
 from pagedattn.backends import resolve_backend
-from pagedattn.cache.hashing import cache_namespace, hash_page_tokens
+from pagedattn.cache.hashing import PageKey, cache_namespace, hash_page_tokens
 from pagedattn.cache.manager import EVICTION_POLICIES, CacheManager, EvictionPolicy
 from pagedattn.cache.page_pool import PagePool
-from pagedattn.storage.record import PageKey
 
 _SEQ = 0
 
