@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,8 +136,10 @@ class RemoteEngine:
     def start(self, *, after_stop: bool = False) -> None:
         self._running = True
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 10.0, *, then: Callable[[], None] | None = None) -> None:
         self._running = False
+        if then is not None:  # the replicas run the requests: nothing runs here
+            then()
 
     def health(self) -> str | None:
         return None if self._running else "the ingress is not running"

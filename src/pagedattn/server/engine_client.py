@@ -8,7 +8,7 @@ size) and run every request through :meth:`EngineClient.generate`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from pagedattn.engine.llm_engine import LLMEngine
@@ -42,8 +42,8 @@ class EngineClient(Protocol):
     def start(self, *, after_stop: bool = False) -> None:
         """Start the loop (idempotent)."""
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop, aborting what runs."""
+    def stop(self, timeout_s: float = 10.0, *, then: Callable[[], None] | None = None) -> None:
+        """Stop the loop, aborting what runs; ``then`` runs once nothing runs any more."""
 
     def health(self) -> str | None:
         """None when healthy, else why not."""
