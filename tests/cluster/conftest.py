@@ -3,6 +3,7 @@ private redis-server, serving the tiny GGUF model with 2 single-threaded replica
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from tests.redis_server import RedisServer, free_port
 
 __all__ = ["tiny_gguf"]
 
+# The local cluster listens on 127.0.0.1 only (read by Ray at import), as `pagedattn serve
+# --replicas` starts it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

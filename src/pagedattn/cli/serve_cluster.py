@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import typer
 
 from pagedattn.cli.options import flag_message
+
+#: Read by Ray when it is imported: false makes a local Ray cluster bind its services to
+#: 127.0.0.1 rather than this machine's outward address (single-machine mode).
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def serve_cluster(
@@ -25,7 +30,11 @@ def serve_cluster(
     port: int,
 ) -> None:
     """Build the cluster app and serve it on ``host:port`` until interrupted. Errors in the
-    options print one line to stderr and exit 2."""
+    options print one line to stderr and exit 2.
+
+    Without ``ray_address`` the local Ray cluster it starts listens on loopback only."""
+    if ray_address is None:
+        os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
     try:
         from pagedattn.cluster.app import build_cluster_app, run_cluster
     except ImportError as exc:
