@@ -34,6 +34,7 @@ class RunningServer:
     url: str
     app: FastAPI
     api_key: str | None = None
+    model_dir: Path | None = None  # the model folder, when the server serves one
 
     @property
     def headers(self) -> dict[str, str]:
@@ -68,7 +69,9 @@ class RunningServer:
 
 
 @contextmanager
-def serve_app(app: FastAPI, api_key: str | None = None) -> Iterator[RunningServer]:
+def serve_app(
+    app: FastAPI, api_key: str | None = None, model_dir: Path | None = None
+) -> Iterator[RunningServer]:
     """Run ``app`` under uvicorn on a free loopback port in a daemon thread."""
     import uvicorn
 
@@ -86,7 +89,7 @@ def serve_app(app: FastAPI, api_key: str | None = None) -> Iterator[RunningServe
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", app, api_key)
+        yield RunningServer(f"http://127.0.0.1:{port}", app, api_key, model_dir)
     finally:
         server.should_exit = True
         thread.join(15)
@@ -108,7 +111,7 @@ def make_server(tiny_model_dir: Path) -> Iterator[ServerFactory]:
     @contextmanager
     def factory(api_key: str | None = None, **options: Any) -> Iterator[RunningServer]:
         app = build_app(str(tiny_model_dir), api_key=api_key, **{**TINY_OPTIONS, **options})
-        with serve_app(app, api_key) as srv:
+        with serve_app(app, api_key, tiny_model_dir) as srv:
             yield srv
 
     yield factory

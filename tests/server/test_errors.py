@@ -4,6 +4,7 @@ request succeeds."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -176,10 +177,19 @@ def assert_error_shape(r: httpx.Response, status: int) -> dict[str, Any]:
     return dict(error)
 
 
+@functools.cache
+def clean_text(model_dir: Path) -> str:
+    """GOOD's greedy text from a fresh offline engine on the model (a clean server's answer)."""
+    return fresh_text(model_dir, str(GOOD["prompt"]), int(GOOD["max_tokens"]))
+
+
 def assert_good_request_works(srv: RunningServer) -> None:
+    """GOOD succeeds with exactly the text a clean engine gives (nothing poisoned)."""
+    assert srv.model_dir is not None, "the oracle needs the server's model folder"
     r = httpx.post(f"{srv.url}/v1/completions", json=GOOD, headers=srv.headers, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
+    assert r.json()["choices"][0]["text"] == clean_text(srv.model_dir)
 
 
 @pytest.mark.parametrize(
@@ -253,10 +263,10 @@ def test_unexpected_exceptions_are_500s_and_the_engine_keeps_serving(
 ) -> None:
     engine = server.app.state.async_engine.engine
 
-    def broken_template(*args: Any, **kwargs: Any) -> list[int]:
+    def broken_template(*args: Any, **kwargs: Any) -> str:
         raise RuntimeError("template exploded")
 
-    monkeypatch.setattr(engine.tokenizer, "encode_chat", broken_template)
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", broken_template)
     r = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=60)
     error = assert_error_shape(r, 500)
     assert "template exploded" in error["message"]

@@ -136,18 +136,30 @@ def test_request_aborted_by_shutdown_is_a_503_never_stop(
         assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503
 
 
+def poll_health(srv: RunningServer, status: int, timeout_s: float = 30.0) -> httpx.Response:
+    """GET /health until it answers ``status`` (bounded; each answer must come at all)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        h = httpx.get(f"{srv.url}/health", timeout=10)
+        if h.status_code == status or time.monotonic() > deadline:
+            return h
+        time.sleep(0.05)
+
+
 def test_health_answers_while_a_prompt_is_tokenised_and_reports_a_stall(
     make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with make_server(health_stall_s=0.5) as srv:
         engine = srv.app.state.async_engine.engine
-        real = engine.tokenizer.encode_chat
+        real = engine.tokenizer.apply_chat_template
+        rendering, release = threading.Event(), threading.Event()
 
-        def slow_template(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(3)  # a long prompt's rendering and tokenisation
+        def held_template(*args: Any, **kwargs: Any) -> Any:
+            rendering.set()  # a long prompt's rendering and tokenisation, held until released
+            assert release.wait(60)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(engine.tokenizer, "encode_chat", slow_template)
+        monkeypatch.setattr(engine.tokenizer, "apply_chat_template", held_template)
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         done: dict[str, int] = {}
         client = threading.Thread(
@@ -158,32 +170,38 @@ def test_health_answers_while_a_prompt_is_tokenised_and_reports_a_stall(
             )
         )
         client.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        h = httpx.get(f"{srv.url}/health", timeout=5)
-        assert h.status_code == 200 and time.monotonic() - t0 < 1.0
-        client.join(30)
+        try:
+            assert rendering.wait(30)
+            # the prompt is still being prepared: /health answers, and healthy (nothing pending)
+            h = httpx.get(f"{srv.url}/health", timeout=10)
+            assert h.status_code == 200 and h.json() == {"status": "ok"}
+        finally:
+            release.set()
+        client.join(60)
         assert done["status"] == 200
         monkeypatch.undo()
 
-        # a step stuck for 2 s with a request pending: a stall after 0.5 s, then healthy again
+        # a step held with a request pending: a stall once 0.5 s passed, healthy once released
         real_run = engine.runner.run
-        calls = {"n": 0}
+        stepping, unstick = threading.Event(), threading.Event()
 
         def stuck(batch: Any) -> Any:
-            calls["n"] += 1
-            if calls["n"] == 1:
-                time.sleep(2)
+            if not unstick.is_set():
+                stepping.set()
+                assert unstick.wait(60)
             return real_run(batch)
 
         monkeypatch.setattr(engine.runner, "run", stuck)
         client = threading.Thread(target=lambda: assert_good_request_works(srv))
         client.start()
-        time.sleep(1.2)
-        h = httpx.get(f"{srv.url}/health", timeout=5)
-        assert h.status_code == 503 and "no progress" in h.json()["error"]["message"]
-        client.join(30)
-        assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 200
+        try:
+            assert stepping.wait(30)
+            h = poll_health(srv, 503)
+            assert h.status_code == 503 and "no progress" in h.json()["error"]["message"]
+        finally:
+            unstick.set()
+        client.join(60)
+        assert poll_health(srv, 200).status_code == 200
 
 
 def test_stop_never_lets_two_threads_drive_one_engine(

@@ -125,6 +125,15 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 60.0,
+    max_request_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="BYTES",
+            help="Largest request body; a larger one is a 413 (read in chunks, never whole).",
+            rich_help_panel=SERVER,
+        ),
+    ] = 4 * 1024 * 1024,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -236,6 +245,7 @@ def serve(
             api_key=api_key,
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
+            max_request_bytes=max_request_bytes,
             **engine_options,
         )
     except (FileNotFoundError, ValueError) as exc:

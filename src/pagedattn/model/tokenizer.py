@@ -79,7 +79,10 @@ class Tokenizer:
         or already ends with those it would append gets no second copy (HF transformers and
         llama.cpp would give ``[<s>, <s>, ...]``, which a model never saw in training).
         """
-        ids = list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch_fast tokenises with the GIL released (encode holds it): a long prompt
+        # tokenised in a worker thread does not stall the other threads
+        batch = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        ids = list(batch[0].ids)
         if not add_special_tokens:
             return ids
         pre, suf = self._added_prefix, self._added_suffix

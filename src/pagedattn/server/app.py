@@ -19,8 +19,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.server import protocol as p
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
@@ -28,10 +28,12 @@ from pagedattn.server.metrics import ServerMetrics
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
 
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": p.ErrorResponse},
     401: {"model": p.ErrorResponse},
     404: {"model": p.ErrorResponse},
+    413: {"model": p.ErrorResponse},
     500: {"model": p.ErrorResponse},
     503: {"model": p.ErrorResponse},
 }
@@ -45,6 +47,7 @@ def create_app(
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
     engine_client: EngineClient | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -61,6 +64,9 @@ def create_app(
             no progress for this many seconds.
         engine_client: the engine loop to run requests through (its ``metrics`` is what
             ``/metrics`` renders); None = an :class:`AsyncEngine` on ``engine``'s own thread.
+        max_request_bytes: the largest request body; a larger one is a 413, refused as soon
+            as its ``Content-Length`` or the bytes read so far pass the limit (the body is
+            read in the ASGI server's chunks and never held whole).
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -101,10 +107,17 @@ def create_app(
                 code="invalid_api_key",
             )
 
-    app = FastAPI(title="pagedattn", version=package_version(), lifespan=lifespan)
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes: expected >= 1, got {max_request_bytes}")
+    app = FastAPI(
+        title="pagedattn",
+        version=package_version(),
+        lifespan=lifespan,
+        max_body_size=max_request_bytes,
+    )
     app.state.async_engine = async_engine
     app.state.metrics = metrics
-    install_error_handlers(app)
+    install_error_handlers(app, metrics.count_unexpected, max_request_bytes)
     auth = [Depends(check_api_key)]
 
     @app.get("/health")
@@ -126,9 +139,10 @@ def create_app(
     async def list_models() -> p.ModelList:
         """The served model, once per name."""
         created = p.now_s()
+        served = serving.served
         cards = [
-            p.ModelCard(id=name, created=created, max_model_len=serving.max_model_len)
-            for name in serving.model_names
+            p.ModelCard(id=name, created=created, max_model_len=served.max_model_len)
+            for name in served.names
         ]
         return p.ModelList(data=cards)
 
@@ -151,7 +165,7 @@ def create_app(
         """OpenAI chat completions (the model's chat template renders the conversation)."""
         return await serving.respond(raw, request)
 
-    add_tokenizer_routes(app, serving, auth, _ERRORS)
+    add_tokenizer_routes(app, serving.served, auth, _ERRORS)
     return app
 
 
@@ -162,6 +176,7 @@ def build_app(
     api_key: str | None = None,
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model and build its app (what ``pagedattn serve`` runs).
@@ -170,7 +185,8 @@ def build_app(
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
-        api_key, default_max_tokens, health_stall_s: see :func:`create_app`.
+        api_key, default_max_tokens, health_stall_s, max_request_bytes: see
+            :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -191,4 +207,5 @@ def build_app(
         api_key=api_key,
         default_max_tokens=default_max_tokens,
         health_stall_s=health_stall_s,
+        max_request_bytes=max_request_bytes,
     )

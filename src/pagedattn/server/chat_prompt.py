@@ -15,9 +15,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from pagedattn.server import protocol as p
+import pagedattn.server.protocol as p
 from pagedattn.server.errors import APIError
 from pagedattn.server.tools import template_messages
 
@@ -76,8 +77,17 @@ def template_options(
     }
 
 
-def chat_prompt_ids(req: p.ChatCompletionRequest, tokenizer: Any) -> list[int]:
-    """The prompt token ids of a chat request.
+def chat_prompt_ids(
+    req: p.ChatCompletionRequest,
+    tokenizer: Any,
+    check_text: Callable[[str], None] | None = None,
+) -> list[int]:
+    """The prompt token ids of a chat request: the conversation rendered by the chat template,
+    then tokenised (the template writes its own special tokens).
+
+    Args:
+        check_text: called with the rendered prompt before it is tokenised (a size check
+            that raises APIError).
 
     Raises:
         APIError: 400 (see :func:`template_options`; a template error or an empty prompt,
@@ -94,10 +104,13 @@ def chat_prompt_ids(req: p.ChatCompletionRequest, tokenizer: Any) -> list[int]:
     )
     field = "chat_template" if req.chat_template is not None else "messages"
     try:
-        ids = [int(t) for t in tokenizer.encode_chat(chat_messages(req), **options)]
+        text = tokenizer.apply_chat_template(chat_messages(req), **options)
     except ValueError as exc:
         param = "continue_final_message" if "continue_final_message" in str(exc) else field
         raise APIError(400, str(exc), param=param) from exc
+    if check_text is not None:
+        check_text(text)
+    ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
     if not ids:
         raise APIError(400, "messages: the rendered prompt is empty", param="messages")
     return ids

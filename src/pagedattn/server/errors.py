@@ -1,22 +1,27 @@
 """OpenAI-style errors: every failure is ``{"error": {"message", "type", "param", "code"}}``.
 
 FastAPI's defaults are replaced: a request body that is not JSON or does not match the
-protocol models is a 400 (not 422), HTTP errors keep their status with the OpenAI body, and any
-unexpected exception is a 500 with the same shape (the engine loop is unaffected: it runs in
-its own thread and only ever sees validated requests).
+protocol models is a 400 (not 422), a body over the server's size limit a 413, HTTP errors keep
+their status with the OpenAI body, and any unexpected exception is a 500 with the same shape
+(the engine loop is unaffected: it runs in its own thread and only ever sees validated
+requests). An unexpected exception is answered by :class:`UnexpectedErrors`, which logs it
+once, counts it and keeps the client's keep-alive connection open (Starlette's own handler
+re-raises it to the ASGI server, which then closes the connection).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagedattn.server.protocol import ErrorBody, ErrorResponse, dump
+from pagedattn.server.protocol import LONE_SURROGATE, ErrorBody, ErrorResponse, dump
 
 logger = logging.getLogger("pagedattn.server")
 
@@ -25,6 +30,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
 }
@@ -82,12 +88,67 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"invalid JSON body: {first.get('msg', '')}", None
+    if first.get("type") == LONE_SURROGATE:  # the path is in the message, the field in ctx
+        field = (first.get("ctx") or {}).get("field")
+        return str(first.get("msg", "lone surrogate")), (loc[0] if loc else field)
     where = ".".join(loc) or "body"
     return f"{where}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the OpenAI-shaped handlers on ``app``."""
+def unexpected_error_body(exc: BaseException) -> dict[str, Any]:
+    """The 500 body of an exception nothing expected."""
+    return error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class UnexpectedErrors:
+    """ASGI middleware: an exception escaping a route becomes a 500 with the OpenAI body, is
+    logged once and reported to ``on_error``, and does not reach the ASGI server, so the
+    connection stays open for the client's next request. An exception after the response
+    started (a streamed body) is re-raised: that response cannot be completed.
+
+    Args:
+        app: the wrapped application.
+        on_error: called with every unexpected exception (e.g. a Prometheus counter).
+    """
+
+    def __init__(self, app: ASGIApp, on_error: Callable[[BaseException], None]) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            logger.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            self.on_error(exc)
+            if started:
+                raise
+            response = JSONResponse(unexpected_error_body(exc), status_code=500)
+            await response(scope, receive, send)
+
+
+def install_error_handlers(
+    app: FastAPI,
+    on_unexpected: Callable[[BaseException], None],
+    max_request_bytes: int | None = None,
+) -> None:
+    """Register the OpenAI-shaped handlers on ``app``.
+
+    Args:
+        on_unexpected: called with every unexpected exception (see :class:`UnexpectedErrors`).
+        max_request_bytes: the body limit the app enforces (named in 413 messages).
+    """
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
@@ -100,18 +161,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        message, code = str(exc.detail), None
+        if exc.status_code == 413:
+            limit = "" if max_request_bytes is None else f" of {max_request_bytes} bytes"
+            message = f"the request body is larger than this server's limit{limit}"
+            code = "request_too_large"
         return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)),
+            error_body(exc.status_code, message, code=code),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        body = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
-        return JSONResponse(body, status_code=500)
-
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)
+    app.add_middleware(UnexpectedErrors, on_error=on_unexpected)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.outputs import PositionLogprobs
-from pagedattn.server import protocol as p
 
 # A logprob of -inf (a token the request banned) is not valid JSON: OpenAI clients get this.
 _FLOOR = -9999.0

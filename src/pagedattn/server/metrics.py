@@ -23,6 +23,9 @@ thread as outputs arrive:
   so TTFT and e2e include the time it queued behind running steps;
   ``model_forward_time_seconds`` (wall time of each model forward, timed around the model from
   outside by :meth:`ServerMetrics.instrument`).
+- ``unexpected_errors_total``: requests (or streams) that ended in an unexpected 500 (an
+  exception no handler expected; a request the engine failed is ``request_success`` with
+  reason ``error`` instead);
 - the persistent KV tier's families (``kv_store_*``, see :mod:`pagedattn.server.kv_store_metrics`).
 """
 
@@ -34,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -204,6 +208,17 @@ class ServerMetrics:
             "Wall time of one model forward (all layers, attention included) per step (s).",
             LATENCY_BUCKETS,
         ).labels(model_name)
+
+        self.unexpected_errors = PromCounter(
+            PREFIX + "unexpected_errors",
+            "Requests or streams that ended in an unexpected 500.",
+            ["model_name"],
+            registry=self.registry,
+        ).labels(model_name)
+
+    def count_unexpected(self, exc: BaseException) -> None:
+        """One request (or stream) ended by an exception nothing expected."""
+        self.unexpected_errors.inc()
 
     def instrument(self, engine: Any) -> None:
         """Time every model forward of ``engine`` into ``model_forward_time_seconds``: wraps

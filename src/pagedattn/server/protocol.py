@@ -2,10 +2,14 @@
 
 Field names and meanings follow the OpenAI API reference for ``/v1/completions`` and
 ``/v1/chat/completions`` (and vLLM's ``entrypoints/openai/protocol.py`` for the extensions
-``top_k``, ``ignore_eos``, ``guided_*``, ``chat_template``...). A field of the wrong type is a
-400 (see :mod:`pagedattn.server.errors`); an unknown top-level field is kept in ``model_extra``
-and refused with a 400 naming it (:mod:`pagedattn.server.request_fields`), as OpenAI does.
-Ranges (temperature >= 0, top_p in (0, 1], ...) are checked once, by
+``top_k``, ``ignore_eos``, ``guided_*``, ``chat_template``...). Request models derive from
+:class:`OpenAIRequest`: types are strict, as the OpenAI API's (``max_tokens: true``, ``"10"``,
+``n: "2"``, ``stream: "yes"``, a prompt of booleans are refused, never coerced; an integer is
+a valid float), numbers are finite (``Infinity`` / ``NaN`` are refused), and no string may
+hold a lone UTF-16 surrogate (``"\ud800"`` is valid JSON but not text). Each is a 400 naming
+the field (see :mod:`pagedattn.server.errors`). An unknown top-level field is kept in
+``model_extra`` and refused with a 400 naming it (:mod:`pagedattn.server.request_fields`), as
+OpenAI does. Ranges (temperature >= 0, top_p in (0, 1], ...) are checked once, by
 :class:`pagedattn.sampling_params.SamplingParams`.
 """
 
@@ -15,7 +19,10 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+LONE_SURROGATE = "string_lone_surrogate"  # the pydantic error type of a lone surrogate
 
 
 def random_id(prefix: str) -> str:
@@ -28,11 +35,56 @@ def now_s() -> int:
     return int(time.time())
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _has_lone_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
-class JsonSchemaFormat(_Request):
+def lone_surrogate_path(value: Any) -> tuple[str | int, ...] | None:
+    """Where a string (or an object key) holding a lone UTF-16 surrogate sits in a decoded
+    JSON value, as a path of keys and indices; None when there is none."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _has_lone_surrogate(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if isinstance(key, str) and _has_lone_surrogate(key):
+                    return (*path, key)
+                stack.append(((*path, key), child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(((*path, i), child) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+class OpenAIRequest(BaseModel):
+    """Base of every request model: strict types, finite numbers, no lone surrogates; unknown
+    fields are kept in ``model_extra`` (the routes refuse or pass them on by name)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_lone_surrogates(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path:
+            where = ".".join(str(part) for part in path)
+            raise PydanticCustomError(
+                LONE_SURROGATE,
+                "{where}: holds a lone UTF-16 surrogate, which is not valid Unicode text",
+                {"where": where, "field": str(path[0])},
+            )
+        return data
+
+
+class JsonSchemaFormat(OpenAIRequest):
     """``response_format.json_schema``: ``schema`` is the JSON schema the output must match."""
 
     name: str = "response"
@@ -41,7 +93,7 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(OpenAIRequest):
     """OpenAI ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object)
     or ``json_schema`` (the given schema)."""
 
@@ -49,13 +101,13 @@ class ResponseFormat(_Request):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StreamOptions(_Request):
+class StreamOptions(OpenAIRequest):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
 
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(OpenAIRequest):
     """Fields shared by both generation endpoints (OpenAI's, plus vLLM's sampling extensions
     ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
     ``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``).
@@ -114,14 +166,14 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
 
-class TextPart(_Request):
+class TextPart(OpenAIRequest):
     """One ``{"type": "text", "text": ...}`` part of a message's content."""
 
     type: Literal["text"] = "text"
     text: str
 
 
-class ChatMessage(_Request):
+class ChatMessage(OpenAIRequest):
     """One message; content as a string or a list of text parts (joined). Other fields
     (``tool_calls``, ``tool_call_id``...) reach the chat template as they are."""
 

@@ -10,7 +10,7 @@ honoured / refused table of every field is in ``deploy/README.md``.
 
 from __future__ import annotations
 
-from pagedattn.server import protocol as p
+import pagedattn.server.protocol as p
 from pagedattn.server.errors import APIError
 
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from pagedattn.server import protocol as p
 from pagedattn.server.logprobs import chat_logprobs, completion_logprobs
+from pagedattn.server.prepared import Prepared
 from pagedattn.server.tool_replies import finish_reason_of, reply_of
 
 openai_finish_reason = finish_reason_of  # OpenAI's finish reason of a choice
-
-if TYPE_CHECKING:
-    from pagedattn.server.serving import Prepared
 
 
 def usage_of(out: RequestOutput, num_generated_tokens: int) -> p.Usage:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.outputs import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -15,9 +16,9 @@ from pagedattn.engine.outputs import (
     CompletionOutput,
     RequestOutput,
 )
-from pagedattn.server import protocol as p
 from pagedattn.server.engine_loop import EngineDeadError
-from pagedattn.server.errors import APIError, error_body
+from pagedattn.server.errors import APIError, error_body, unexpected_error_body
+from pagedattn.server.prepared import Prepared
 from pagedattn.server.responses import (
     chat_choice_logprobs,
     completion_choice,
@@ -35,7 +36,9 @@ def failure_of(out: RequestOutput) -> APIError | None:
     if reason in REJECTIONS:
         return APIError(400, out.error or str(reason), code=reason)
     if reason == FINISH_ERROR or (reason is None and out.error is not None):
-        return APIError(500, out.error or "the engine failed this request", code="engine_error")
+        # the first line: a parser's state dump after it is for the log, not the client
+        message = (out.error or "").split("\n", 1)[0].strip() or "the engine failed this request"
+        return APIError(500, message, code="engine_error")
     if reason == FINISH_ABORT:
         return APIError(503, "the request was aborted: the server is shutting down")
     return None
@@ -46,11 +49,7 @@ def _error_event(exc: BaseException) -> str:
         return _event(error_body(exc.status, exc.message, exc.param, exc.code))
     if isinstance(exc, EngineDeadError):
         return _event(error_body(503, str(exc), code="engine_unavailable"))
-    return _event(error_body(500, f"internal error: {type(exc).__name__}: {exc}"))
-
-
-if TYPE_CHECKING:
-    from pagedattn.server.serving import Prepared
+    return _event(unexpected_error_body(exc))
 
 
 def _event(data: Any) -> str:
@@ -65,6 +64,7 @@ async def sse_events(
     usage: bool,
     prepared: Prepared,
     decode: Callable[[int], str],
+    on_unexpected: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[str]:
     """Server-sent events: per choice a chunk per delta that has text or logprobs (under
     completions ``echo`` the prompt first), its finish chunk, an optional usage chunk, then
@@ -72,7 +72,8 @@ async def sse_events(
 
     A request that fails (rejected, failed by the engine, aborted by shutdown, the engine
     thread died) ends the stream with a final ``data: {"error": {...}}`` event (OpenAI's
-    error body) instead of a finish chunk or ``[DONE]``."""
+    error body) instead of a finish chunk or ``[DONE]``; ``on_unexpected`` hears of every
+    exception that is neither an :class:`APIError` nor the engine's death."""
     created = p.now_s()
     offsets: dict[int, int] = {}  # completions text_offset so far, per choice
 
@@ -168,6 +169,9 @@ async def sse_events(
                     )
                     yield _event(p.dump(last))
         except Exception as exc:  # the final event carries the error: no truncated body
+            expected = isinstance(exc, (APIError, EngineDeadError))
+            if not expected and on_unexpected is not None:
+                on_unexpected(exc)
             yield _error_event(exc)
             return
         yield "data: [DONE]\n\n"

@@ -12,7 +12,10 @@ JSON is laid out as ``{"a": 1, "b": [1, 2]}`` with no other whitespace unless
 between tokens; ``guided_decoding_backend`` may only name this server's backend
 (``guidance``/``llguidance``/``auto``). Masks come from llguidance (see
 :mod:`pagedattn.engine.guided`); a schema, regex or grammar it cannot compile is a 400 naming
-the field.
+the field, and so is one that admits no output at all (a schema that only refers to itself,
+``{"$ref": "#"}``, or a cycle of ``$ref`` s with no other branch): the first token's mask is
+computed before the request reaches the engine. A recursive schema with a base case (a tree
+whose children are optional) is served.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.guided import GrammarCompiler, GuidedSpec
 from pagedattn.sampling_params import LogitsProcessor
-from pagedattn.server import protocol as p
 from pagedattn.server.errors import APIError
 
 BACKENDS = (None, "auto", "guidance", "llguidance")
@@ -156,6 +159,20 @@ class StructuredOutput:
         if spec is None:
             return ()
         try:
-            return (self.compiler(spec.field).processor(spec),)
+            processor = self.compiler(spec.field).processor(spec)
         except ValueError as exc:
             raise APIError(400, str(exc), param=spec.field) from exc
+        try:
+            admits_output = bool(processor.allowed([]).any())
+            problem = "no token can start it"
+        except RuntimeError as exc:  # the grammar has no derivation: no first mask
+            admits_output = False
+            problem = str(exc).split("\n", 1)[0].strip()
+        if not admits_output:
+            raise APIError(
+                400,
+                f"{spec.field}: the constraint admits no output ({problem}); a schema that "
+                "only refers to itself has no instance",
+                param=spec.field,
+            )
+        return (processor,)

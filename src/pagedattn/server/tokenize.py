@@ -24,16 +24,17 @@ from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from pagedattn.server import protocol as p
+import pagedattn.server.protocol as p
 from pagedattn.server.chat_prompt import template_options
 from pagedattn.server.errors import APIError
-from pagedattn.server.serving import OpenAIServing
+from pagedattn.server.served_model import ServedModel
 from pagedattn.server.tools import template_messages
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(p.OpenAIRequest):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class TokenizeCompletionRequest(_Strict):
@@ -84,13 +85,13 @@ def package_version() -> str:
 
 
 def add_tokenizer_routes(
-    app: FastAPI, serving: OpenAIServing, auth: Sequence[Any], errors: dict[int | str, Any]
+    app: FastAPI, served: ServedModel, auth: Sequence[Any], errors: dict[int | str, Any]
 ) -> None:
     """Register the routes of this module on ``app`` (``auth``: the route dependencies)."""
     deps = list(auth)
 
     def tokenizer() -> Any:
-        tok = serving.engine.tokenizer
+        tok = served.tokenizer
         if tok is None:
             raise APIError(400, "this model has no tokenizer")
         return tok
@@ -100,7 +101,12 @@ def add_tokenizer_routes(
         request: TokenizeCompletionRequest | TokenizeChatRequest,
     ) -> TokenizeResponse:
         """Token ids of a prompt, or of a conversation rendered by the chat template."""
-        serving.check_model(request.model)
+        served.check_model(request.model)
+        return await run_in_threadpool(tokenize_blocking, request)
+
+    def tokenize_blocking(
+        request: TokenizeCompletionRequest | TokenizeChatRequest,
+    ) -> TokenizeResponse:
         tok = tokenizer()
         if isinstance(request, TokenizeChatRequest):
             options = template_options(
@@ -125,13 +131,13 @@ def add_tokenizer_routes(
         ids = [int(t) for t in tok.encode(text, add_special_tokens=request.add_special_tokens)]
         strs = [tok.id_to_token(i) or "" for i in ids] if request.return_token_strs else None
         return TokenizeResponse(
-            count=len(ids), max_model_len=serving.max_model_len, tokens=ids, token_strs=strs
+            count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs
         )
 
     @app.post("/detokenize", dependencies=deps, response_model=DetokenizeResponse, responses=errors)
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         """Text of token ids (ids outside the vocabulary are a 400)."""
-        serving.check_model(request.model)
+        served.check_model(request.model)
         try:
             return DetokenizeResponse(prompt=tokenizer().decode(request.tokens))
         except ValueError as exc:
@@ -148,7 +154,7 @@ def add_tokenizer_routes(
             "bos_token_id": tok.bos_token_id,
             "chat_template": tok.chat_template,
             "vocab_size": tok.vocab_size,
-            "model_max_length": serving.max_model_len,
+            "model_max_length": served.max_model_len,
         }
 
     @app.get("/version", response_model=VersionResponse)

@@ -10,8 +10,8 @@ a named function the reply is the call itself: no content is streamed.
 
 from __future__ import annotations
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.outputs import CompletionOutput
-from pagedattn.server import protocol as p
 from pagedattn.server.tools import ToolPlan, tool_calls_of
 
 

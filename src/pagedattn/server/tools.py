@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pagedattn.server.protocol as p
 from pagedattn.engine.guided import GuidedSpec, narrow_one_of
-from pagedattn.server import protocol as p
 from pagedattn.server.errors import APIError
 from pagedattn.server.tool_format import (
     FormatCache,

@@ -1,0 +1,26 @@
+"""A validated generation request: what the engine runs and how the answer is shaped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedattn.sampling_params import SamplingParams
+from pagedattn.server.tools import ToolPlan
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: prompt ids, sampling parameters, and how to answer.
+
+    Attributes:
+        echo_text: the prompt's text to put before each choice's text (completions ``echo``),
+            else None.
+        num_top: alternatives per token in the response's logprobs; None = no logprobs.
+        tools: how a chat request calls tools (:mod:`pagedattn.server.tools`), else None.
+    """
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    echo_text: str | None = None
+    num_top: int | None = None
+    tools: ToolPlan | None = None
