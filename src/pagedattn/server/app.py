@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import pagedattn.server.protocol as p
 from pagedattn.engine.llm_engine import LLMEngine
+from pagedattn.server.body_limit import BodyLimit
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
@@ -109,15 +110,11 @@ def create_app(
 
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes: expected >= 1, got {max_request_bytes}")
-    app = FastAPI(
-        title="pagedattn",
-        version=package_version(),
-        lifespan=lifespan,
-        max_body_size=max_request_bytes,
-    )
+    app = FastAPI(title="pagedattn", version=package_version(), lifespan=lifespan)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
-    install_error_handlers(app, metrics.count_unexpected, max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    install_error_handlers(app, metrics.count_unexpected)  # outside BodyLimit
     auth = [Depends(check_api_key)]
 
     @app.get("/health")

@@ -86,6 +86,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "invalid request", None
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if loc and loc[0][:1].isupper() and loc[0].isidentifier():
+        loc = loc[1:]  # the model of a union body (``/tokenize``): fields are snake_case
     if first.get("type") == "json_invalid":
         return f"invalid JSON body: {first.get('msg', '')}", None
     if first.get("type") == LONE_SURROGATE:  # the path is in the message, the field in ctx
@@ -138,16 +140,11 @@ class UnexpectedErrors:
             await response(scope, receive, send)
 
 
-def install_error_handlers(
-    app: FastAPI,
-    on_unexpected: Callable[[BaseException], None],
-    max_request_bytes: int | None = None,
-) -> None:
+def install_error_handlers(app: FastAPI, on_unexpected: Callable[[BaseException], None]) -> None:
     """Register the OpenAI-shaped handlers on ``app``.
 
     Args:
         on_unexpected: called with every unexpected exception (see :class:`UnexpectedErrors`).
-        max_request_bytes: the body limit the app enforces (named in 413 messages).
     """
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -161,13 +158,9 @@ def install_error_handlers(
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        message, code = str(exc.detail), None
-        if exc.status_code == 413:
-            limit = "" if max_request_bytes is None else f" of {max_request_bytes} bytes"
-            message = f"the request body is larger than this server's limit{limit}"
-            code = "request_too_large"
+        code = "request_too_large" if exc.status_code == 413 else None
         return JSONResponse(
-            error_body(exc.status_code, message, code=code),
+            error_body(exc.status_code, str(exc.detail), code=code),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )

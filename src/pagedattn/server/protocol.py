@@ -75,11 +75,13 @@ class OpenAIRequest(BaseModel):
     def _refuse_lone_surrogates(cls, data: Any) -> Any:
         path = lone_surrogate_path(data)
         if path:
-            where = ".".join(str(part) for part in path)
+            where = ".".join(  # a key may be the culprit: escape it
+                str(part).encode("utf-8", "backslashreplace").decode() for part in path
+            )
             raise PydanticCustomError(
                 LONE_SURROGATE,
                 "{where}: holds a lone UTF-16 surrogate, which is not valid Unicode text",
-                {"where": where, "field": str(path[0])},
+                {"where": where, "field": where.split(".", 1)[0]},
             )
         return data
 
