@@ -281,3 +281,64 @@ def test_request_forced_towards_a_padded_id_costs_the_others_nothing(
         assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 200
         m = srv.wait_idle()
         assert m["pagedattn:num_used_pages"] == 0
+
+
+class WatchedBackend:
+    """A tokenizer backend that flags when it is inside an encode of a long text."""
+
+    def __init__(self, backend: Any, min_chars: int) -> None:
+        self.backend = backend
+        self.min_chars = min_chars
+        self.inside = threading.Event()
+        self.finished = threading.Event()
+
+    def _watch(self, name: str, text_of: Any) -> Any:
+        real = getattr(self.backend, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            watched = len(text_of(args)) >= self.min_chars
+            if watched:
+                self.inside.set()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                if watched:
+                    self.finished.set()
+
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "encode":
+            return self._watch(name, lambda args: args[0])
+        if name in ("encode_batch", "encode_batch_fast"):
+            return self._watch(name, lambda args: args[0][0])
+        return getattr(self.backend, name)
+
+
+def test_health_answers_while_the_real_tokenizer_encodes_a_long_text(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real tokenizer on a 3 MB text (``/tokenize`` has no context bound): /health answers
+    while that encode is running, so neither the event loop nor the GIL is held by it."""
+    tokenizer = server.app.state.async_engine.engine.tokenizer
+    watched = WatchedBackend(tokenizer.backend, min_chars=1_000_000)
+    monkeypatch.setattr(tokenizer, "backend", watched)
+    text = "the cat sat on the mat and the dog sat on the log " * 60_000  # 3 MB
+    done: dict[str, httpx.Response] = {}
+    client = threading.Thread(
+        target=lambda: done.update(
+            r=httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=300)
+        )
+    )
+    client.start()
+    assert watched.inside.wait(60)
+    answered_inside = 0
+    while not watched.finished.is_set():
+        h = httpx.get(f"{server.url}/health", timeout=60)
+        if watched.finished.is_set():
+            break  # this answer may have waited for the encode: it does not count
+        assert h.status_code == 200
+        answered_inside += 1
+    client.join(300)
+    assert done["r"].status_code == 200 and done["r"].json()["count"] > 60_000
+    assert answered_inside >= 1, "/health never answered while the prompt was being encoded"

@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagedattn.server.protocol import LONE_SURROGATE, ErrorBody, ErrorResponse, dump
+from pagedattn.server.protocol import ErrorBody, ErrorResponse, dump
+from pagedattn.server.request_base import LONE_SURROGATE
 
 logger = logging.getLogger("pagedattn.server")
 

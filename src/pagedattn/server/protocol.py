@@ -3,14 +3,11 @@
 Field names and meanings follow the OpenAI API reference for ``/v1/completions`` and
 ``/v1/chat/completions`` (and vLLM's ``entrypoints/openai/protocol.py`` for the extensions
 ``top_k``, ``ignore_eos``, ``guided_*``, ``chat_template``...). Request models derive from
-:class:`OpenAIRequest`: types are strict, as the OpenAI API's (``max_tokens: true``, ``"10"``,
-``n: "2"``, ``stream: "yes"``, a prompt of booleans are refused, never coerced; an integer is
-a valid float), numbers are finite (``Infinity`` / ``NaN`` are refused), and no string may
-hold a lone UTF-16 surrogate (``"\ud800"`` is valid JSON but not text). Each is a 400 naming
-the field (see :mod:`pagedattn.server.errors`). An unknown top-level field is kept in
-``model_extra`` and refused with a 400 naming it (:mod:`pagedattn.server.request_fields`), as
-OpenAI does. Ranges (temperature >= 0, top_p in (0, 1], ...) are checked once, by
-:class:`pagedattn.sampling_params.SamplingParams`.
+:class:`pagedattn.server.request_base.OpenAIRequest`: strict types, finite numbers, no lone
+surrogates, each violation a 400 naming the field (see :mod:`pagedattn.server.errors`). An
+unknown top-level field is kept in ``model_extra`` and refused with a 400 naming it
+(:mod:`pagedattn.server.request_fields`), as OpenAI does. Ranges (temperature >= 0, top_p in
+(0, 1], ...) are checked once, by :class:`pagedattn.sampling_params.SamplingParams`.
 """
 
 from __future__ import annotations
@@ -19,10 +16,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field
 
-LONE_SURROGATE = "string_lone_surrogate"  # the pydantic error type of a lone surrogate
+from pagedattn.server.request_base import OpenAIRequest
 
 
 def random_id(prefix: str) -> str:
@@ -33,57 +29,6 @@ def random_id(prefix: str) -> str:
 def now_s() -> int:
     """Unix time in whole seconds (the ``created`` field)."""
     return int(time.time())
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def lone_surrogate_path(value: Any) -> tuple[str | int, ...] | None:
-    """Where a string (or an object key) holding a lone UTF-16 surrogate sits in a decoded
-    JSON value, as a path of keys and indices; None when there is none."""
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if _has_lone_surrogate(item):
-                return path
-        elif isinstance(item, dict):
-            for key, child in reversed(list(item.items())):
-                if isinstance(key, str) and _has_lone_surrogate(key):
-                    return (*path, key)
-                stack.append(((*path, key), child))
-        elif isinstance(item, (list, tuple)):
-            stack.extend(((*path, i), child) for i, child in reversed(list(enumerate(item))))
-    return None
-
-
-class OpenAIRequest(BaseModel):
-    """Base of every request model: strict types, finite numbers, no lone surrogates; unknown
-    fields are kept in ``model_extra`` (the routes refuse or pass them on by name)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_lone_surrogates(cls, data: Any) -> Any:
-        path = lone_surrogate_path(data)
-        if path:
-            where = ".".join(  # a key may be the culprit: escape it
-                str(part).encode("utf-8", "backslashreplace").decode() for part in path
-            )
-            raise PydanticCustomError(
-                LONE_SURROGATE,
-                "{where}: holds a lone UTF-16 surrogate, which is not valid Unicode text",
-                {"where": where, "field": where.split(".", 1)[0]},
-            )
-        return data
 
 
 class JsonSchemaFormat(OpenAIRequest):

@@ -29,11 +29,12 @@ from starlette.concurrency import run_in_threadpool
 import pagedattn.server.protocol as p
 from pagedattn.server.chat_prompt import template_options
 from pagedattn.server.errors import APIError
+from pagedattn.server.request_base import OpenAIRequest
 from pagedattn.server.served_model import ServedModel
 from pagedattn.server.tools import template_messages
 
 
-class _Strict(p.OpenAIRequest):
+class _Strict(OpenAIRequest):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
