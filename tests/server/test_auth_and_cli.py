@@ -45,6 +45,7 @@ def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -
 def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
     args = ["--model", str(tiny_model_dir), "--served-model-name", "tiny", "--page-size", "8"]
     args += ["--num-pages", "32", "--max-model-len", "64", "--log-level", "warning"]
+    args += ["--max-request-bytes", "2000"]
     with serve_subprocess(args, env={**os.environ, "PAGEDATTN_API_KEY": KEY}) as url:
         headers = {"Authorization": f"Bearer {KEY}"}
         models: Any = httpx.get(f"{url}/v1/models", headers=headers).json()
@@ -55,6 +56,10 @@ def test_pagedattn_serve_subprocess(tiny_model_dir: Path) -> None:
         r = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 4}, headers=headers)
         assert r.status_code == 200
         assert httpx.post(f"{url}/v1/completions", json=body).status_code == 401
+        big = {**body, "prompt": "x" * 2000}  # the body passes --max-request-bytes
+        r = httpx.post(f"{url}/v1/completions", json=big, headers=headers)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert "2000 bytes" in r.json()["error"]["message"]
         metrics = httpx.get(f"{url}/metrics", headers=headers).text
         assert 'pagedattn:num_pages{model_name="tiny"} 32.0' in metrics
 

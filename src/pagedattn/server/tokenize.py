@@ -23,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -100,14 +101,15 @@ def add_tokenizer_routes(
     @app.post("/tokenize", dependencies=deps, response_model=TokenizeResponse, responses=errors)
     async def tokenize(
         request: TokenizeCompletionRequest | TokenizeChatRequest,
-    ) -> TokenizeResponse:
-        """Token ids of a prompt, or of a conversation rendered by the chat template."""
+    ) -> JSONResponse:
+        """Token ids of a prompt, or of a conversation rendered by the chat template (built
+        and serialised off the event loop: a long prompt has a long answer)."""
         served.check_model(request.model)
         return await run_in_threadpool(tokenize_blocking, request)
 
     def tokenize_blocking(
         request: TokenizeCompletionRequest | TokenizeChatRequest,
-    ) -> TokenizeResponse:
+    ) -> JSONResponse:
         tok = tokenizer()
         if isinstance(request, TokenizeChatRequest):
             options = template_options(
@@ -129,11 +131,10 @@ def add_tokenizer_routes(
                 raise APIError(400, str(exc), param="messages") from exc
         else:
             text = request.prompt
-        ids = [int(t) for t in tok.encode(text, add_special_tokens=request.add_special_tokens)]
+        ids = list(tok.encode(text, add_special_tokens=request.add_special_tokens))
         strs = [tok.id_to_token(i) or "" for i in ids] if request.return_token_strs else None
-        return TokenizeResponse(
-            count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs
-        )
+        body = {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids}
+        return JSONResponse({**body, "token_strs": strs})
 
     @app.post("/detokenize", dependencies=deps, response_model=DetokenizeResponse, responses=errors)
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
