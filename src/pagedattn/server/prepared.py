@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagedattn.sampling_params import SamplingParams
-from pagedattn.server.tools import ToolPlan
+
+if TYPE_CHECKING:  # the plan's module needs the HTTP errors; a Prepared does not
+    from pagedattn.server.tools import ToolPlan
 
 
 @dataclass(frozen=True)
