@@ -41,8 +41,12 @@ redis:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
 
+# Two workers, each running whole test modules (module fixtures load once): the suite's
+# waits on servers, subprocesses and Redis overlap with the other worker's compute.
+PYTEST_WORKERS ?= 2
+
 test: lint redis
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
