@@ -3,21 +3,17 @@ preemption by recompute.
 
 The shape follows vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``; Yu et al., "Orca",
 OSDI 2022 for iteration-level batching; Agrawal et al., "Sarathi-Serve", OSDI 2024 for chunked
-prefill mixed with decodes). Each sequence only tracks ``num_computed_tokens``; each step:
+prefill mixed with decodes). Each sequence only tracks ``num_computed_tokens``. The scheduler
+coordinates four parts:
 
-1. running sequences, oldest first, get their next piece: 1 token for a decode, for a prompt
-   the tokens up to the next multiple of ``prefill_chunk_size`` (vLLM's long-prefill
-   threshold: a long prompt never takes more than that from the streams, and its chunk
-   boundaries depend only on its own length). A piece larger than the budget left waits for a
-   later step. When pages run out the newest running sequence is preempted: its pages are
-   freed, it goes back to the front of the waiting queue with its generated tokens and is
-   recomputed later, reusing whatever of its prefix is still cached. The newest running
-   sequence shrinks its chunk to the pages left instead of preempting itself when it can
-   still make progress.
-2. if nothing was preempted, waiting sequences are admitted in arrival order while sequences,
-   budget and pages allow; each reuses every full cached page of its prefix. A resumed
-   (preempted) sequence takes its arrival-order place in the running list, so it runs, and
-   is preempted, as the older request it is.
+- :mod:`~pagedattn.engine.request_queues`: the waiting and running sequences and the live
+  requests; retiring a finished sequence frees its pages once.
+- :mod:`~pagedattn.engine.step_planner`: each step's tokens: running sequences' next pieces
+  (decode or prefill chunk), preemption when pages run out, admission of waiting sequences
+  with their prefix-cache hits.
+- :mod:`~pagedattn.engine.step_journal`: the reservations of one :meth:`Scheduler.schedule`.
+- :mod:`~pagedattn.engine.step_postprocess`: each request's sampled tokens, forks, stop
+  checks and retirement after the model ran.
 
 Every phase of a step commits or rolls back. :meth:`Scheduler.schedule` that raises gives
 back every reservation it made (the sequences are as before the call). After the model ran,
@@ -36,7 +32,6 @@ A sequence asking for prompt logprobs skips the prefix cache (a cached page has 
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import deque
 from collections.abc import Collection
@@ -44,14 +39,17 @@ from collections.abc import Collection
 from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import rejection, request_pages
-from pagedattn.engine.forks import CopyPages, fork_children
-from pagedattn.engine.logprobs import TokenLogprobs
-from pagedattn.engine.outputs import FINISH_ABORT, FINISH_ERROR, RequestOutput
+from pagedattn.engine.forks import CopyPages
+from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
+from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sampler_output import SamplerOutput
-from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
+from pagedattn.engine.step_journal import StepJournal
+from pagedattn.engine.step_planner import StepPlanner
+from pagedattn.engine.step_postprocess import StepPostprocessor
 
 
 class Scheduler:
@@ -81,12 +79,23 @@ class Scheduler:
         self.cache = cache_manager
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
         self.stats = SchedulerStats()
-        self._requests: dict[str, SequenceGroup] = {}
-        self._pending: list[RequestOutput] = []  # finished outside a step (reject, abort)
         self.copy_pages = copy_pages
+        self.queues = RequestQueues(cache_manager, self.stats)
+        self.planner = StepPlanner(scheduler_config, cache_manager, self.queues, self.stats)
+        self.postprocessor = StepPostprocessor(
+            cache_manager, self.queues, self.stats, self.eos_token_ids
+        )
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        """Sequences to admit, front first."""
+        return self.queues.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        """Sequences holding pages, in arrival order."""
+        return self.queues.running
 
     # ---- requests --------------------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
@@ -105,7 +114,7 @@ class Scheduler:
             ValueError: the request id is already in use.
         """
         seq = group.parent
-        if seq.request_id in self._requests:
+        if seq.request_id in self.queues.requests:
             raise ValueError(f"request_id {seq.request_id!r} is already in use")
         now = time.monotonic()
         reason = self._rejection(seq)
@@ -117,9 +126,9 @@ class Scheduler:
             else:
                 seq.finish(reason[0], now, error=reason[1])
                 group.finish_unforked(reason[0], now, error=reason[1])
-            self._finish_outside_step(group)
+            self.queues.finish_outside_step(group)
             return
-        self._requests[seq.request_id] = group
+        self.queues.requests[seq.request_id] = group
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> bool:
@@ -128,7 +137,7 @@ class Scheduler:
         Returns:
             True when the request was waiting or running; False when unknown or finished.
         """
-        group = self._requests.pop(request_id, None)
+        group = self.queues.requests.pop(request_id, None)
         if group is None:
             return False
         now = time.monotonic()
@@ -142,17 +151,17 @@ class Scheduler:
             else:
                 self.waiting.remove(seq)
             seq.finish(FINISH_ABORT, now)
-        self._finish_outside_step(group)
+        self.queues.finish_outside_step(group)
         return True
 
     def get(self, request_id: str) -> Sequence | None:
         """The parent sequence of a waiting or running request, None when unknown/finished."""
-        group = self._requests.get(request_id)
+        group = self.queues.requests.get(request_id)
         return None if group is None else group.parent
 
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running, or an output is still to be returned."""
-        return bool(self.waiting or self.running or self._pending)
+        return bool(self.waiting or self.running or self.queues.pending)
 
     def max_pages_per_seq(
         self, num_prompt_tokens: int, max_tokens: int, num_completions: int = 1
@@ -179,14 +188,6 @@ class Scheduler:
             p.num_completions,
         )
 
-    def _finish_outside_step(self, group: SequenceGroup) -> None:
-        reason = group.parent.finish_reason
-        assert reason is not None
-        self.stats.num_finished[reason] += 1
-        out = group.take_output()
-        if out is not None:
-            self._pending.append(out)
-
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Pick this step's tokens and reserve their KV slots (see the module doc).
@@ -196,69 +197,15 @@ class Scheduler:
             first and every admitted sequence waits again where it was; preemptions stand
             (each is complete on its own).
         """
-        scheduled: list[ScheduledSeq] = []
-        admitted: list[Sequence] = []
+        journal = StepJournal()
         try:
-            self._schedule(scheduled, admitted)
-            page_tables = self.cache.page_tables([s.seq.seq_id for s in scheduled])
+            self.planner.plan(journal)
+            page_tables = self.cache.page_tables([s.seq.seq_id for s in journal.scheduled])
         except BaseException:
-            self._roll_back(scheduled, admitted)
+            journal.roll_back(self.cache, self.queues)
             raise
-        now = time.monotonic()
-        for seq in admitted:  # visible once the whole batch was reserved
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
-                seq.num_cached_tokens = seq.num_computed_tokens
-                self.stats.num_prompt_tokens += seq.num_prompt_tokens
-                self.stats.prefix_cache_queries += seq.num_prompt_tokens
-                self.stats.prefix_cache_hits += seq.num_computed_tokens
-        return ScheduledBatch(seqs=scheduled, page_tables=page_tables)
-
-    def _schedule(self, scheduled: list[ScheduledSeq], admitted: list[Sequence]) -> None:
-        budget = self.config.max_num_batched_tokens
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = self._piece(seq)
-            if n > budget:  # waits for a step with room for its whole chunk
-                i += 1
-                continue
-            while not self.cache.can_append(seq.seq_id, n) and seq is not self.running[-1]:
-                self._preempt(self.running.pop())
-                preempted = True
-            if not self.cache.can_append(seq.seq_id, n):
-                n = self._fitting_chunk(seq, n)
-                if n == 0:  # the newest sequence, and not even one token fits
-                    self._preempt(self.running.pop())
-                    preempted = True
-                    break
-            scheduled.append(self._reserve(seq, n))
-            budget -= n
-            i += 1
-        if not preempted:
-            while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-                seq = self.waiting[0]
-                n = self._admit(seq, budget)
-                if n == 0:
-                    break
-                admitted.append(seq)
-                scheduled.append(self._reserve(seq, n))
-                budget -= n
-
-    def _roll_back(self, scheduled: list[ScheduledSeq], admitted: list[Sequence]) -> None:
-        """Undo a :meth:`schedule` that raised, newest reservation first."""
-        for item in reversed(scheduled):
-            if item.seq not in admitted:
-                self.cache.unreserve(item.seq.seq_id, item.seq.num_computed_tokens)
-        for seq in reversed(admitted):
-            if seq.seq_id in self.cache:
-                self.cache.free_sequence(seq.seq_id)
-            if seq in self.running:
-                self.running.remove(seq)
-                self.waiting.appendleft(seq)
-            seq.status = SequenceStatus.WAITING
-            seq.num_computed_tokens = 0
+        journal.commit(time.monotonic(), self.stats)  # visible once the whole batch was reserved
+        return ScheduledBatch(seqs=journal.scheduled, page_tables=page_tables)
 
     def commit_written(self, batch: ScheduledBatch) -> None:
         """The step's commit point: its forward succeeded, so every scheduled sequence's KV is
@@ -301,78 +248,10 @@ class Scheduler:
         self.commit_written(batch)
         now = time.monotonic()
         outputs = self.take_pending()
-        logprobs = out.logprobs or [None] * len(rows)
-        row = 0
-        touched: dict[str, SequenceGroup] = {}
-        for item in batch.seqs:
-            seq, first_row = item.seq, row
-            row += (1 + len(seq.fork_children)) if item.samples else 0
-            group = self._requests.get(seq.request_id)
-            if group is None or seq.is_finished:  # its request failed earlier in this loop
-                continue
-            touched[seq.request_id] = group
-            try:
-                self._apply(item, group, out, logprobs, first_row, now)
-            except Exception as exc:  # this request's bookkeeping, not the step's
-                self._fail_group(group, f"{type(exc).__name__}: {exc}", now)
-        for group in touched.values():
-            delta = group.take_output()
-            if delta is not None:
-                outputs.append(delta)
+        outputs += self.postprocessor.apply(batch, out, now, self.copy_pages)
         if batch.seqs:
             self.stats.record_step(len(batch.seqs), batch.num_tokens)
         return outputs
-
-    def _apply(
-        self,
-        item: ScheduledSeq,
-        group: SequenceGroup,
-        out: SamplerOutput,
-        logprobs: list[TokenLogprobs | None],
-        row: int,
-        now: float,
-    ) -> None:
-        """One scheduled sequence's share of :meth:`postprocess`: prompt logprobs, its fork,
-        the sampled tokens (from ``row`` on), finishing and freeing."""
-        seq = item.seq
-        if seq.seq_id in out.prompt_logprobs:
-            seq.add_prompt_logprobs(*out.prompt_logprobs[seq.seq_id])
-        if not item.samples:
-            if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
-                seq.finish("length", now)  # prompt logprobs only
-                group.finish_unforked("length", now)
-                self._retire(seq, group)
-            return
-        children, seq.fork_children = seq.fork_children, []
-        if children:
-            if self.copy_pages is None:
-                raise ValueError("n / best_of > 1: this scheduler has no copy_pages")
-            new = fork_children(seq, children, self.cache, self.copy_pages)
-            for child in new.running:
-                bisect.insort(self.running, child, key=lambda s: s.seq_id)
-            self.waiting.extendleft(reversed(new.waiting))
-        for s in (seq, *children):  # a waiting child keeps its token and is recomputed
-            token_id = int(out.token_ids[row])
-            error = out.errors.get(row)
-            if error is None:
-                try:
-                    s.append_token(token_id, self.eos_token_ids, now, logprobs[row])
-                    self.stats.num_generation_tokens += 1
-                except Exception as exc:  # this request's text, not the step's
-                    error = f"token {token_id}: {type(exc).__name__}: {exc}"
-            row += 1
-            if error is not None:
-                s.finish(FINISH_ERROR, now, error=error)
-            if s.is_finished:
-                self._retire(s, group)
-
-    def _fail_group(self, group: SequenceGroup, error: str, now: float) -> None:
-        """Finish every unfinished sequence of a request with reason "error" and free it."""
-        group.finish_unforked(FINISH_ERROR, now, error=error)
-        for seq in group.seqs:
-            if not seq.is_finished:
-                seq.finish(FINISH_ERROR, now, error=error)
-                self._retire(seq, group)
 
     def fail_step(self, batch: ScheduledBatch, error: str) -> None:
         """The step's forward raised: finish each of its requests (every sequence of it) with
@@ -384,88 +263,12 @@ class Scheduler:
         """
         now = time.monotonic()
         for request_id in dict.fromkeys(item.seq.request_id for item in batch.seqs):
-            group = self._requests.get(request_id)
+            group = self.queues.requests.get(request_id)
             if group is None:
                 continue
-            self._fail_group(group, error, now)
-            out = group.take_output()
-            if out is not None:
-                self._pending.append(out)
+            self.queues.fail_group(group, error, now)
+            self.queues.keep_output(group)
 
     def take_pending(self) -> list[RequestOutput]:
         """Outputs of requests finished outside a step (rejections, aborts, failed steps)."""
-        outputs, self._pending = self._pending, []
-        return outputs
-
-    # ---- internals -------------------------------------------------------------------------
-    def _reserve(self, seq: Sequence, n: int) -> ScheduledSeq:
-        start = seq.num_computed_tokens
-        slots = self.cache.append_slots(seq.seq_id, seq.token_ids[start : start + n])
-        samples = start + n == seq.num_tokens and seq.params.max_tokens > 0
-        return ScheduledSeq(seq, n, slots, samples=samples)
-
-    def _retire(self, seq: Sequence, group: SequenceGroup) -> None:
-        """Free a finished sequence; forget its request once every sequence finished."""
-        if seq in self.running:
-            self.running.remove(seq)
-            self.cache.free_sequence(seq.seq_id)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        if group.is_finished:
-            del self._requests[seq.request_id]
-            assert group.parent.finish_reason is not None
-            self.stats.num_finished[group.parent.finish_reason] += 1
-
-    def _fitting_chunk(self, seq: Sequence, n: int) -> int:
-        """Largest chunk <= n that fits the free pages (binary search; 0 when none)."""
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.cache.can_append(seq.seq_id, mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _piece(self, seq: Sequence, start: int | None = None) -> int:
-        """Tokens the sequence computes next: to its end, or to the next chunk boundary (a
-        multiple of ``prefill_chunk_size``) when chunked prefill is on or it resumes."""
-        start = seq.num_computed_tokens if start is None else start
-        if not self.config.enable_chunked_prefill and seq.num_preemptions == 0:
-            return seq.num_tokens - start
-        chunk = self.config.prefill_chunk_size
-        return min(seq.num_tokens, (start // chunk + 1) * chunk) - start
-
-    def _admit(self, seq: Sequence, budget: int) -> int:
-        """Move the first waiting sequence to running with its prefix-cache hits; returns the
-        tokens it computes this step, 0 (and nothing changed) when it does not fit."""
-        # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
-        lookup = () if seq.needs_prompt_logits else seq.token_ids
-        num_cached = self.cache.add_sequence(seq.seq_id, lookup)
-        try:
-            n = self._piece(seq, num_cached)
-            whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
-            alone = n <= budget and not self.running and not whole
-            if alone and not self.cache.can_append(seq.seq_id, n):
-                n = self._fitting_chunk(seq, n)  # alone: progress in smaller chunks
-            if n > budget or n == 0 or not self.cache.can_append(seq.seq_id, n):
-                n = 0
-        except BaseException:
-            self.cache.free_sequence(seq.seq_id)
-            raise
-        if n == 0:
-            self.cache.free_sequence(seq.seq_id)
-            return 0
-        self.waiting.popleft()
-        seq.status = SequenceStatus.RUNNING
-        seq.num_computed_tokens = num_cached
-        # arrival order (seq ids grow with arrival): a resumed sequence is older than the
-        # requests admitted while it waited
-        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
-        return n
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.cache.free_sequence(seq.seq_id)
-        seq.preempt()
-        self.waiting.appendleft(seq)
-        self.stats.num_preemptions += 1
+        return self.queues.take_pending()

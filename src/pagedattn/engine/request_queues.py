@@ -1,0 +1,81 @@
+"""Where a scheduler's requests are: waiting, running, live by request id, and the outputs of
+requests that finished outside a step; retiring a finished sequence frees its pages once."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from pagedattn.cache import CacheManager
+from pagedattn.engine.outputs import FINISH_ERROR, RequestOutput
+from pagedattn.engine.sequence import Sequence
+from pagedattn.engine.sequence_group import SequenceGroup
+from pagedattn.engine.stats import SchedulerStats
+
+
+class RequestQueues:
+    """The scheduler's queues and its live requests.
+
+    Attributes:
+        waiting: sequences to admit, front first (a preempted sequence goes back to the front).
+        running: sequences holding pages, in arrival order (seq ids grow with arrival).
+        requests: every waiting or running request by request id.
+        pending: outputs of requests finished outside a step (rejections, aborts, failed
+            steps), returned by the next ``take_pending``.
+
+    Args:
+        cache: the page tables; a retired running sequence's pages go back to it.
+        stats: counts finished requests by finish reason.
+    """
+
+    def __init__(self, cache: CacheManager, stats: SchedulerStats) -> None:
+        self.cache = cache
+        self.stats = stats
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.requests: dict[str, SequenceGroup] = {}
+        self.pending: list[RequestOutput] = []
+
+    def insert_running(self, seq: Sequence) -> None:
+        """Put ``seq`` in the running list at its arrival-order place: a resumed or forked
+        sequence is older than the requests admitted while it waited."""
+        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+
+    def retire(self, seq: Sequence, group: SequenceGroup) -> None:
+        """Free a finished sequence; forget its request once every sequence finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.cache.free_sequence(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if group.is_finished:
+            del self.requests[seq.request_id]
+            assert group.parent.finish_reason is not None
+            self.stats.num_finished[group.parent.finish_reason] += 1
+
+    def fail_group(self, group: SequenceGroup, error: str, now: float) -> None:
+        """Finish every unfinished sequence of a request with reason "error" and free it."""
+        group.finish_unforked(FINISH_ERROR, now, error=error)
+        for seq in group.seqs:
+            if not seq.is_finished:
+                seq.finish(FINISH_ERROR, now, error=error)
+                self.retire(seq, group)
+
+    def finish_outside_step(self, group: SequenceGroup) -> None:
+        """Count a request that finished before it was queued or while no step held it (a
+        rejection, ``max_tokens == 0``, an abort) and keep its output for ``take_pending``."""
+        reason = group.parent.finish_reason
+        assert reason is not None
+        self.stats.num_finished[reason] += 1
+        self.keep_output(group)
+
+    def keep_output(self, group: SequenceGroup) -> None:
+        """Keep the request's latest delta, if any, for ``take_pending``."""
+        out = group.take_output()
+        if out is not None:
+            self.pending.append(out)
+
+    def take_pending(self) -> list[RequestOutput]:
+        """Outputs of requests finished outside a step (rejections, aborts, failed steps)."""
+        outputs, self.pending = self.pending, []
+        return outputs

@@ -1,0 +1,147 @@
+"""StepPlanner: which tokens a step computes, under a token budget and the free pages.
+
+1. Running sequences, oldest first, get their next piece: 1 token for a decode, for a prompt
+   the tokens up to the next multiple of ``prefill_chunk_size`` (vLLM's long-prefill
+   threshold: a long prompt never takes more than that from the streams, and its chunk
+   boundaries depend only on its own length). A piece larger than the budget left waits for a
+   later step. When pages run out the newest running sequence is preempted: its pages are
+   freed, it goes back to the front of the waiting queue with its generated tokens and is
+   recomputed later, reusing whatever of its prefix is still cached. The newest running
+   sequence shrinks its chunk to the pages left instead of preempting itself when it can
+   still make progress.
+2. If nothing was preempted, waiting sequences are admitted in arrival order while sequences,
+   budget and pages allow; each reuses every full cached page of its prefix. A resumed
+   (preempted) sequence takes its arrival-order place in the running list, so it runs, and
+   is preempted, as the older request it is.
+
+Every reservation goes to the step's :class:`StepJournal`; a preemption is complete on its own
+and stands even when the step is rolled back.
+"""
+
+from __future__ import annotations
+
+from pagedattn.cache import CacheManager
+from pagedattn.config import SchedulerConfig
+from pagedattn.engine.request_queues import RequestQueues
+from pagedattn.engine.scheduled_batch import ScheduledSeq
+from pagedattn.engine.sequence import Sequence, SequenceStatus
+from pagedattn.engine.stats import SchedulerStats
+from pagedattn.engine.step_journal import StepJournal
+
+
+class StepPlanner:
+    """Chunk planning, preemption and admission for one step (see the module doc).
+
+    Args:
+        config: sequence and token budgets, chunked prefill.
+        cache: the page tables; slots are reserved here.
+        queues: the waiting and running sequences (changed in place).
+        stats: counts preemptions.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache: CacheManager,
+        queues: RequestQueues,
+        stats: SchedulerStats,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.queues = queues
+        self.stats = stats
+
+    def plan(self, journal: StepJournal) -> None:
+        """Schedule the running sequences, then admit waiting ones, recording every
+        reservation and admission in ``journal`` as it is made."""
+        running, waiting = self.queues.running, self.queues.waiting
+        budget = self.config.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = self.piece(seq)
+            if n > budget:  # waits for a step with room for its whole chunk
+                i += 1
+                continue
+            while not self.cache.can_append(seq.seq_id, n) and seq is not running[-1]:
+                self.preempt(running.pop())
+                preempted = True
+            if not self.cache.can_append(seq.seq_id, n):
+                n = self.fitting_chunk(seq, n)
+                if n == 0:  # the newest sequence, and not even one token fits
+                    self.preempt(running.pop())
+                    preempted = True
+                    break
+            journal.scheduled.append(self.reserve(seq, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while waiting and len(running) < self.config.max_num_seqs and budget > 0:
+                seq = waiting[0]
+                n = self.admit(seq, budget)
+                if n == 0:
+                    break
+                journal.admitted.append(seq)
+                journal.scheduled.append(self.reserve(seq, n))
+                budget -= n
+
+    def reserve(self, seq: Sequence, n: int) -> ScheduledSeq:
+        """Reserve the KV slots of the sequence's next ``n`` tokens."""
+        start = seq.num_computed_tokens
+        slots = self.cache.append_slots(seq.seq_id, seq.token_ids[start : start + n])
+        samples = start + n == seq.num_tokens and seq.params.max_tokens > 0
+        return ScheduledSeq(seq, n, slots, samples=samples)
+
+    def fitting_chunk(self, seq: Sequence, n: int) -> int:
+        """Largest chunk <= n that fits the free pages (binary search; 0 when none)."""
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.cache.can_append(seq.seq_id, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def piece(self, seq: Sequence, start: int | None = None) -> int:
+        """Tokens the sequence computes next: to its end, or to the next chunk boundary (a
+        multiple of ``prefill_chunk_size``) when chunked prefill is on or it resumes."""
+        start = seq.num_computed_tokens if start is None else start
+        if not self.config.enable_chunked_prefill and seq.num_preemptions == 0:
+            return seq.num_tokens - start
+        chunk = self.config.prefill_chunk_size
+        return min(seq.num_tokens, (start // chunk + 1) * chunk) - start
+
+    def admit(self, seq: Sequence, budget: int) -> int:
+        """Move the first waiting sequence to running with its prefix-cache hits; returns the
+        tokens it computes this step, 0 (and nothing changed) when it does not fit."""
+        # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
+        lookup = () if seq.needs_prompt_logits else seq.token_ids
+        num_cached = self.cache.add_sequence(seq.seq_id, lookup)
+        try:
+            n = self.piece(seq, num_cached)
+            whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
+            alone = n <= budget and not self.queues.running and not whole
+            if alone and not self.cache.can_append(seq.seq_id, n):
+                n = self.fitting_chunk(seq, n)  # alone: progress in smaller chunks
+            if n > budget or n == 0 or not self.cache.can_append(seq.seq_id, n):
+                n = 0
+        except BaseException:
+            self.cache.free_sequence(seq.seq_id)
+            raise
+        if n == 0:
+            self.cache.free_sequence(seq.seq_id)
+            return 0
+        self.queues.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = num_cached
+        self.queues.insert_running(seq)
+        return n
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's pages and queue it first, to be recomputed."""
+        self.cache.free_sequence(seq.seq_id)
+        seq.preempt()
+        self.queues.waiting.appendleft(seq)
+        self.stats.num_preemptions += 1
