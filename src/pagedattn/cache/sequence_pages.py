@@ -87,6 +87,31 @@ class SequencePages:
             self.lossy,
         )
 
+    def fork(
+        self, allocator: PageAllocator, page_size: int, reclaim: bool
+    ) -> tuple[SequencePages, list[tuple[int, int]]]:
+        """A child table sharing this one's full pages (each touched: one more reference) and
+        holding a fresh copy of a partially filled last page.
+
+        Returns:
+            The child and its ``[(src_page, dst_page)]`` page copy (empty when the last page
+            is full).
+
+        Raises:
+            OutOfPagesError: no page for the copy (nothing changed).
+        """
+        partial = self.num_tokens % page_size != 0
+        child = self.copy()
+        copies: list[tuple[int, int]] = []
+        if partial:
+            dst = allocator.allocate(reclaim_cached=reclaim)
+            copies.append((child.page_table[-1], dst))
+            child.page_table[-1] = dst
+        for page_id in child.page_table[: len(child.page_table) - int(partial)]:
+            if page_id != -1:
+                allocator.touch(page_id)
+        return child, copies
+
     def window_trim_range(
         self, query_pos: int, sliding_window: int | None, num_sink_pages: int, page_size: int
     ) -> range:
@@ -121,6 +146,30 @@ class SequencePages:
         if not self.lossy and page_id != -1 and (index == 0 or parent_serial is not None):
             serial = allocator.register(page_id, page_hash, parent_hash, tokens, parent_serial)
         self.serials.append(serial)
+
+    def take_cached_prefix(
+        self, tokens: np.ndarray, hashes: list[PageHash], allocator: PageAllocator, page_size: int
+    ) -> int | None:
+        """Append the cached pages of the longest prefix of ``hashes`` (each verified by exact
+        token ids and parent) to this empty table and touch them.
+
+        Returns:
+            The serial of the last page taken, None when none was.
+        """
+        ps, parent_serial = page_size, None
+        for i, page_hash in enumerate(hashes):
+            record = allocator.lookup(
+                page_hash, tokens[i * ps : (i + 1) * ps].tolist(), parent_serial
+            )
+            if record is None:
+                break
+            self.page_table.append(allocator.page_of(page_hash))
+            self.page_hashes.append(page_hash)
+            self.serials.append(record.serial)
+            parent_serial = record.serial
+        for page_id in self.page_table:
+            allocator.touch(page_id)
+        return parent_serial
 
     def oldest_evictable(
         self, num_sink_pages: int, page_size: int, allocator: PageAllocator, exclusive: bool

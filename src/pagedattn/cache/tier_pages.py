@@ -1,8 +1,15 @@
 """What the cache manager exchanges with the persistent tier: which computed pages to write,
-and restoring a run of stored pages into fresh pool pages (registered in the prefix index)."""
+and restoring a run of stored pages into fresh pool pages (registered in the prefix index).
+
+The tier is a cache below the pool: a tier that raises costs a miss or a lost copy, never a
+request. :func:`restore_or_miss` and :func:`write_computed` absorb its errors, count them by
+kind ("lookup", "write") and log them.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -11,6 +18,8 @@ import numpy as np
 from pagedattn.cache.allocator import PageAllocator
 from pagedattn.cache.hashing import PageHash, PageKey
 from pagedattn.cache.sequence_pages import SequencePages
+
+logger = logging.getLogger("pagedattn.cache")
 
 
 class PageTier(Protocol):
@@ -112,3 +121,62 @@ def restore_pages(
         parent_serial = serial
         restored += ps
     return restored
+
+
+def restore_or_miss(
+    tier: PageTier,
+    allocator: PageAllocator,
+    seq: SequencePages,
+    tokens: np.ndarray,
+    hashes: list[PageHash],
+    parent_serial: int | None,
+    page_size: int,
+    errors: Counter[str],
+    *,
+    max_pages: int,
+    reclaim: bool,
+) -> int:
+    """:func:`restore_pages`, where a tier that raises is a miss for the pages not restored
+    yet (counted in ``errors["lookup"]``).
+
+    Returns:
+        Tokens restored (a multiple of page_size), those restored before an error included.
+    """
+    before = len(seq.page_table)
+    try:
+        restore_pages(
+            tier, allocator, seq, tokens, hashes, parent_serial, page_size,
+            max_pages=max_pages, reclaim=reclaim,
+        )  # fmt: skip
+    except Exception:
+        errors["lookup"] += 1
+        logger.warning("kv_store lookup failed: a prefix-cache miss", exc_info=True)
+    return (len(seq.page_table) - before) * page_size
+
+
+def write_computed(
+    tier: PageTier,
+    seq: SequencePages,
+    start: int,
+    end: int,
+    page_size: int,
+    errors: Counter[str],
+) -> int:
+    """Queue the full pages that writing tokens ``[start, end)`` completed
+    (:func:`computed_pages`) for the tier. A tier that raises loses those pages' copy
+    (counted in ``errors["write"]``); the pages stay in the pool.
+
+    Returns:
+        The number of pages queued.
+    """
+    page_ids, keys = computed_pages(seq, start, end, page_size)
+    if not page_ids:
+        return 0
+    try:
+        tier.write(page_ids, keys)
+    except Exception:  # the pages stay in the pool: only the tier's copy is lost
+        errors["write"] += len(page_ids)
+        logger.warning("kv_store write failed: %d page(s) not stored", len(page_ids),
+                       exc_info=True)  # fmt: skip
+        return 0
+    return len(page_ids)
