@@ -23,8 +23,10 @@ from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
 
+@functools.cache
 def target_cpu() -> tuple[str, str]:
-    """``(cpu name, feature string)`` of the target machine Numba compiles for."""
+    """``(cpu name, feature string)`` of the target machine Numba compiles for (Numba reads
+    its configuration once, at import)."""
     name: str | None = getattr(config, "CPU_NAME", None)
     features: str | None = getattr(config, "CPU_FEATURES", None)
     return name or ll.get_host_cpu_name(), get_host_cpu_features() if features is None else features
@@ -59,6 +61,7 @@ def is_x86() -> bool:
     return bool(ll.Target.from_default_triple().name.startswith("x86"))
 
 
+@functools.cache
 def native_half_conversion() -> bool:
     """True when the target converts float16 <-> float32 in hardware (F16C on x86, every
     aarch64): LLVM's ``fpext`` / ``fptrunc`` on ``half`` then need no runtime routine."""
@@ -74,6 +77,7 @@ def native_half_conversion() -> bool:
     return bool("hfsf2" not in asm and "sfhf2" not in asm)
 
 
+@functools.cache
 def has_avx2() -> bool:
     """True when the target is x86 with AVX2 (256-bit integer vectors: one ``vpaddd`` on ymm
     registers where AVX alone splits the add in two xmm halves)."""
