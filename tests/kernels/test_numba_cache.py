@@ -68,20 +68,46 @@ def test_an_edit_of_a_callee_or_a_constant_recompiles_its_cached_caller(tmp_path
     assert _run(tmp_path) == (16, 1, 0)  # and the new code is cached in turn
 
 
-def test_the_stamp_covers_the_compiled_folders_and_not_other_files(tmp_path: Path) -> None:
+def test_the_stamp_covers_what_the_kernel_imports_and_not_other_files(tmp_path: Path) -> None:
+    """caller.py imports callee.py, which imports consts.py: an edit of either changes the
+    caller's stamp; a sibling no kernel imports (like a tokenizer) and a file of another folder
+    do not."""
     _package(tmp_path, value=1, step=1)
     root = tmp_path / "pkg"
     caller = str(root / "kernels" / "caller.py")
-    before = numba_cache.source_stamp(caller, root)
-    numba_cache._folders_digest.cache_clear()
+    (root / "kernels" / "tokenizer.py").write_text("x = 1\n")
+    (root / "server.py").write_text("x = 1\n")
+
+    def stamp() -> str | None:
+        numba_cache.compiled_sources.cache_clear()
+        return numba_cache.source_stamp(caller, root)
+
+    before = stamp()
+    sources = numba_cache.compiled_sources(root / "kernels" / "caller.py", root)
+    assert {p.name for p in sources} == {"caller.py", "callee.py", "consts.py"}
     (root / "kernels" / "consts.py").write_text("STEP = 2\n")
-    assert numba_cache.source_stamp(caller, root) != before
-    assert numba_cache.source_stamp(__file__, root) is None  # outside the package: Numba's
-    (root / "server.py").write_text("x = 1\n")  # a folder Numba does not compile
-    stamp = numba_cache.source_stamp(caller, root)
-    numba_cache._folders_digest.cache_clear()
+    after_consts = stamp()
+    assert after_consts != before
+    (root / "kernels" / "tokenizer.py").write_text("x = 2\n")
     (root / "server.py").write_text("x = 2\n")
-    assert numba_cache.source_stamp(caller, root) == stamp
+    assert stamp() == after_consts
+    assert numba_cache.source_stamp(__file__, root) is None  # outside the package: Numba's
+
+
+def test_editing_the_tokenizer_or_the_engine_leaves_every_kernel_of_the_package_cached() -> None:
+    """The package's kernel modules reach the compiled code of kernels/ and model/ through
+    their imports, never the tokenizer, the loaders, the engine or the server."""
+    root = numba_cache.PACKAGE_ROOT
+    kernel_modules = [
+        root / "model" / name
+        for name in ("decode_layer.py", "quantized.py", "row_ops.py", "block_dot_int8.py")
+    ] + sorted((root / "kernels").glob("*.py"))
+    reached = {p for m in kernel_modules for p in numba_cache.compiled_sources(m.resolve(), root)}
+    names = {p.relative_to(root).as_posix() for p in reached}
+    assert {"kernels/paged_decode_numba.py", "model/block_dot.py", "model/block_ir.py"} <= names
+    for unrelated in ("model/tokenizer.py", "model/gguf_loader.py", "model/llama.py"):
+        assert unrelated not in names
+    assert not any(n.startswith(("engine/", "server/", "cli/")) for n in names), names
 
 
 def test_every_cached_kernel_of_the_package_is_stamped() -> None:

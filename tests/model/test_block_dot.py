@@ -35,9 +35,8 @@ def test_register_and_scratch_kernels_agree_bitwise(
     args = (x, block.blocks, block.kind)
     in_registers = np.full((rows, out), np.nan, np.float32)
     from_scratch = np.full((rows, out), np.nan, np.float32)
-    no_int8 = (np.empty((rows, 0), np.int8), *[np.empty((rows, 0), np.float32)] * 2)
     b, k = block.blocks, block.kind
-    block_dot.qmatmul_blocks(x, *no_int8, False, b, b, b, (k, k, k), 1, in_registers)
+    block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), 1, in_registers)
     block_dot.qmatmul_tiled(*args, from_scratch)
     np.testing.assert_array_equal(in_registers, from_scratch)
     # the float32 kernel, fed gguf's own dequantized weights, does the same operations

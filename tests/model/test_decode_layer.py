@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 import pagedattn.model.llama as llama
 from pagedattn.kernels import paged
-from pagedattn.model.block_dot import host_has_avx2
+from pagedattn.kernels.target import has_avx2
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
@@ -63,7 +63,7 @@ def test_fused_decode_equals_the_step_by_step_forward(
     sinks: int,
     kv_dtype: str,
 ) -> None:
-    if activations == "int8" and not host_has_avx2():
+    if activations == "int8" and not has_avx2():
         pytest.skip("int8 activations need AVX2")
     monkeypatch.setattr(paged, "SPLIT_MIN_KEYS", 4)  # several splits per sequence, merged
     loaded = load_model(q4_gguf)

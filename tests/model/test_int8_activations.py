@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import pagedattn.cli.generate  # noqa: F401  (registers the command)
-import pagedattn.model.quantized as quantized
 from pagedattn.backends import BackendSpec
 from pagedattn.cli.app import app
 from pagedattn.config import EngineConfig
 from pagedattn.engine.llm import LLM
 from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.model.block_dot import host_has_avx2
+from pagedattn.kernels.target import has_avx2
+from pagedattn.model import block_dot_int8
 from pagedattn.model.build import build_model
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
@@ -28,7 +28,7 @@ from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 from pagedattn.sampling_params import SamplingParams
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
-pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="int8 activations need AVX2")
+pytestmark = pytest.mark.skipif(not has_avx2(), reason="int8 activations need AVX2")
 
 
 def _q8_1_dequantized(x: np.ndarray) -> np.ndarray:
@@ -88,7 +88,7 @@ def test_unknown_or_unsupported_activations_are_refused(monkeypatch: pytest.Monk
         qmatmul(x, w, activations="int4")
     with pytest.raises(ValueError, match=r"EngineConfig\.activations"):
         EngineConfig(activations="bf16")
-    monkeypatch.setattr(quantized, "host_has_avx2", lambda: False)
+    monkeypatch.setattr(block_dot_int8, "has_avx2", lambda: False)
     with pytest.raises(ValueError, match="int8 needs a CPU with AVX2"):
         qmatmul(x, w, activations="int8")
 

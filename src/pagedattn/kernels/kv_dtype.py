@@ -5,9 +5,10 @@ llama.cpp's KV cache, ``--cache-type-k f16``) halves what a decode step streams 
 keys and values are rounded to nearest-even when written and widened exactly when read.
 
 Numba has no float16 type, so a float16 pool reaches the kernels as its uint16 bits
-(:func:`kernel_cache`), and two intrinsics convert with LLVM's ``fpext`` / ``fptrunc`` on
-``half``: on x86 with F16C (every AVX2 CPU) these are the ``vcvtph2ps`` / ``vcvtps2ph``
-instructions, vectorised like any other load. Inside a kernel, :func:`load_f32` widens one
+(:func:`kernel_cache`), and two intrinsics convert (:mod:`pagedattn.kernels.half_ir`): on x86
+with F16C (every AVX2 CPU) and on aarch64 the ``vcvtph2ps`` / ``vcvtps2ph`` (``fcvt``)
+instructions, vectorised like any other load; on other CPUs an exact integer sequence with the
+same results. Inside a kernel, :func:`load_f32` widens one
 element of either kind of pool and :func:`store_as` narrows a float32 to the element type of a
 given pool, so one kernel source serves both dtypes (Numba compiles one specialisation each).
 """
@@ -17,10 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
+
+from pagedattn.kernels.half_ir import narrow_to_half_bits, widen_half_bits
 
 _F16 = np.dtype(np.float16)
 POOL_DTYPES = (np.dtype(np.float32), _F16)  # what a KV pool may hold, float32 first
@@ -30,11 +32,6 @@ def kernel_cache(cache: np.ndarray) -> np.ndarray:
     """The array a Numba kernel takes for a validated pool view: float32 as is, float16 as its
     uint16 bits (the same memory, no copy)."""
     return cache.view(np.uint16) if cache.dtype == _F16 else cache
-
-
-def widen_half_bits(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
-    """LLVM IR: the float32 value of the IEEE half whose bits are the i16 ``bits`` (exact)."""
-    return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
 
 
 @intrinsic
@@ -57,7 +54,7 @@ def _f32_to_half_bits(typingctx: Any, value: types.Type) -> Any:
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return narrow_to_half_bits(builder, args[0])
 
     return types.uint16(types.float32), codegen
 

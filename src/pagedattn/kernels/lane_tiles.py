@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pagedattn.kernels.kv_dtype import widen_half_bits
+from pagedattn.kernels.half_ir import widen_half_bits
 from pagedattn.kernels.simd_ir import (
     F32,
     Arr2D,

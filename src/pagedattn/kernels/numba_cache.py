@@ -7,50 +7,103 @@ attention of ``paged_decode_numba``, which reads ``numba_consts``): after an edi
 process that loads the caller from the cache runs the callee's old code, silently.
 
 Importing this module calls :func:`install`, which replaces each of Numba's cache locators by
-a subclass whose stamp for a file of this package is a hash of the contents of every ``.py``
-file of the folders that hold compiled code (:data:`STAMPED_FOLDERS`) and of the file itself:
-any edit there recompiles every kernel of the package once, files elsewhere keep Numba's own
-stamp. Where a kernel's cache files
-go (``__pycache__`` beside the source, ``NUMBA_CACHE_DIR``, the user-wide directory) is Numba's
-choice, as before.
+a subclass whose stamp for a file of this package is a hash of that file and of every file of
+the package it imports, directly or through others (:func:`compiled_sources`; imports anywhere
+in a module, lazy ones inside functions included). A kernel can only call, inline or read what
+its module reaches through imports, so an edit of any of those recompiles it, and an edit of
+a file none of them imports (a tokenizer, the server) recompiles nothing. Files outside the
+package keep Numba's own stamp. Where a kernel's cache files go (``__pycache__`` beside the
+source, ``NUMBA_CACHE_DIR``, the user-wide directory) is Numba's choice, as before.
+
+This module and :mod:`pagedattn.kernels.gomp` use Numba internals (its cache locators, its
+thread-pool launch), so importing it first checks that Numba and llvmlite are versions these
+were tested with (:data:`TESTED`), and refuses others with one clear error.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import sys
 from pathlib import Path
 from typing import Any
 
-from numba.core import caching
+from pagedattn.kernels.versions import check_numba_versions
+
+check_numba_versions()  # before any use of Numba's internals below
+
+from numba.core import caching  # noqa: E402  (after the version check)
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # src/pagedattn
-STAMPED_FOLDERS = ("kernels", "model")  # the folders whose modules Numba compiles together
+
+
+def _imported_modules(tree: ast.AST, module: str) -> set[str]:
+    """Dotted names ``tree`` (the source of module ``module``) imports, with every
+    ``from a import b`` as both ``a`` and ``a.b`` (``b`` may be a module or a name)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importing module's package upwards
+                package = module.split(".")[: -node.level]
+                base = ".".join([*package, base] if base else package)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of module ``name`` inside package ``root`` (named ``root.name``), or None."""
+    parts = name.split(".")
+    if parts[0] != root.name:
+        return None
+    for candidate in (root.joinpath(*parts[1:]).with_suffix(".py"),
+                      root.joinpath(*parts[1:], "__init__.py")):  # fmt: skip
+        if len(parts) > 1 and candidate.is_file():
+            return candidate
+    return root / "__init__.py" if len(parts) == 1 else None
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join([root.name, *(parts[:-1] if parts[-1] == "__init__" else parts)])
 
 
 @functools.cache
-def _folders_digest(root: Path, folders: tuple[str, ...]) -> str:
-    """sha256 over the relative path and bytes of every ``*.py`` in ``root/folder``, sorted."""
-    digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted((root / folder).glob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+def compiled_sources(path: Path, root: Path = PACKAGE_ROOT) -> tuple[Path, ...]:
+    """``path`` and every file of package ``root`` it imports, directly or through the files
+    it imports (sorted): what a kernel defined in ``path`` may be compiled together with."""
+    seen = {path}
+    todo = [path]
+    while todo:
+        current = todo.pop()
+        tree = ast.parse(current.read_bytes(), str(current))
+        for name in _imported_modules(tree, _module_name(current, root)):
+            found = _module_file(name, root)
+            if found is not None and found not in seen:
+                seen.add(found)
+                todo.append(found)
+    return tuple(sorted(seen))
 
 
 def source_stamp(py_file: str, root: Path = PACKAGE_ROOT) -> str | None:
-    """The cache stamp of a kernel defined in ``py_file``: a hash of :data:`STAMPED_FOLDERS` of
-    ``root`` and of the file itself, or None for a file outside ``root`` (Numba's own stamp)."""
+    """The cache stamp of a kernel defined in ``py_file``: sha256 over the relative path and
+    bytes of each of its :func:`compiled_sources`, or None for a file outside ``root`` (Numba's
+    own stamp)."""
     path = Path(py_file).resolve()
     if not path.is_relative_to(root):
         return None
     try:
-        own = hashlib.sha256(path.read_bytes()).hexdigest()
-        return f"{_folders_digest(root, STAMPED_FOLDERS)}:{own}"
-    except OSError:  # not a plain file (a zipped package): Numba's own stamp
+        digest = hashlib.sha256()
+        for source in compiled_sources(path, root):
+            digest.update(source.relative_to(root).as_posix().encode())
+            digest.update(source.read_bytes())
+    except (OSError, SyntaxError):  # not a plain file (a zipped package): Numba's own stamp
         return None
+    return digest.hexdigest()
 
 
 def _stamped(locator: type[Any], root: Path) -> type[Any]:

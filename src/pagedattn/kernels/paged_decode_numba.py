@@ -18,22 +18,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from pagedattn.kernels.fast_exp import exp_poly, exp_reduce
 from pagedattn.kernels.kv_dtype import load_f32
-from pagedattn.kernels.numba_consts import (
-    BLOCK_KEYS,
-    C2,
-    C3,
-    C4,
-    C5,
-    C6,
-    C7,
-    FASTMATH,
-    FASTMATH_ORDERED,
-    LN2_HI,
-    LN2_LO,
-    LOG2E,
-    NEG_INF,
-)
+from pagedattn.kernels.numba_consts import BLOCK_KEYS, FASTMATH, FASTMATH_ORDERED, NEG_INF
 
 
 @njit(fastmath=FASTMATH_ORDERED, cache=True, nogil=True)
@@ -42,10 +29,8 @@ def _exp_shifted(
 ) -> np.float32:
     """``x[h, j] = exp(x[h, j] - shift)`` for ``j0 <= j < j1`` (``x <= shift``); return their sum.
 
-    Vectorisable (no libm call): ``exp(v) = 2^k * exp(r)``, ``k = round(v / ln 2)``, ``|r| <=
-    ln2 / 2``, ``exp(r)`` by its degree-7 Taylor polynomial (relative error < 1e-8) and ``2^k``
-    built in the float32 exponent bits (Cody & Waite range reduction, as in Cephes ``expf``).
-    ``v`` is clamped at -87, so a key far below the max weighs ~1e-38 instead of exactly 0.
+    Vectorisable (no libm call: :mod:`pagedattn.kernels.fast_exp`). ``v`` is clamped at -87,
+    so a key far below the max weighs ~1e-38 instead of exactly 0.
 
     The sum has one fixed order (no reassociation is allowed here): eight lane sums, lane ``l``
     adding ``e[l], e[l + 8], ...`` of the whole groups of eight in increasing ``j``, the tail
@@ -58,20 +43,9 @@ def _exp_shifted(
     n = j1 - j0
     xr, br, fr = x[h, j0:j1], bits[h, j0:j1], fbits[h, j0:j1]
     for j in range(n):
-        v = max(xr[j] - shift, np.float32(-87.0))
-        k = np.floor(v * LOG2E + np.float32(0.5))
-        xr[j] = (v - k * LN2_HI) - k * LN2_LO
-        br[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        xr[j], br[j] = exp_reduce(max(xr[j] - shift, np.float32(-87.0)))
     for j in range(n):
-        r = xr[j]
-        p = C7 * r + C6
-        p = p * r + C5
-        p = p * r + C4
-        p = p * r + C3
-        p = p * r + C2
-        p = p * r + np.float32(1.0)
-        p = p * r + np.float32(1.0)
-        xr[j] = p * fr[j]
+        xr[j] = exp_poly(xr[j]) * fr[j]
     l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = np.float32(0.0)
     j = 0
     while j + 8 <= n:

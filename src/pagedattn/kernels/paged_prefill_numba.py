@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from pagedattn.kernels.fast_exp import exp_poly, exp_reduce
 from pagedattn.kernels.lane_tiles import (
     DIM_TILE,
     KEY_TILE,
@@ -29,20 +30,7 @@ from pagedattn.kernels.lane_tiles import (
     value_tile_dims,
     value_tile_one,
 )
-from pagedattn.kernels.numba_consts import (
-    BLOCK_KEYS,
-    C2,
-    C3,
-    C4,
-    C5,
-    C6,
-    C7,
-    FASTMATH,
-    LN2_HI,
-    LN2_LO,
-    LOG2E,
-    NEG_INF,
-)
+from pagedattn.kernels.numba_consts import BLOCK_KEYS, FASTMATH, NEG_INF
 
 LANE_MULTIPLE = 32  # lanes padded so the vectorised loops need no scalar remainder
 
@@ -51,26 +39,15 @@ LANE_MULTIPLE = 32  # lanes padded so the vectorised loops need no scalar remain
 def _exp_row(x: np.ndarray, shift: np.ndarray, bits: np.ndarray, fbits: np.ndarray) -> None:
     """``x[l] = exp(x[l] - shift[l])``, exactly 0 below ``exp(-87)`` (so ``-inf`` -> 0).
 
-    Vectorisable (no libm call): ``exp(v) = 2^k * exp(r)``, ``k = round(v / ln 2)``, ``|r| <=
-    ln2 / 2``, ``exp(r)`` by its degree-7 Taylor polynomial (relative error < 1e-8) and ``2^k``
-    built in the float32 exponent bits (Cody & Waite range reduction, as in Cephes ``expf``).
+    Vectorisable (no libm call: :mod:`pagedattn.kernels.fast_exp`).
     """
     for lane in range(x.shape[0]):
         v = x[lane] - shift[lane]
-        c = max(v, np.float32(-87.0))
-        k = np.floor(c * LOG2E + np.float32(0.5))
-        x[lane] = (c - k * LN2_HI) - k * LN2_LO
-        bits[lane] = ((np.int32(k) + np.int32(127)) << np.int32(23)) if v >= -87.0 else 0
+        r, two_k = exp_reduce(max(v, np.float32(-87.0)))
+        x[lane] = r
+        bits[lane] = two_k if v >= -87.0 else 0
     for lane in range(x.shape[0]):
-        r = x[lane]
-        p = C7 * r + C6
-        p = p * r + C5
-        p = p * r + C4
-        p = p * r + C3
-        p = p * r + C2
-        p = p * r + np.float32(1.0)
-        p = p * r + np.float32(1.0)
-        x[lane] = p * fbits[lane]
+        x[lane] = exp_poly(x[lane]) * fbits[lane]
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)

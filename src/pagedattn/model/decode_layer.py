@@ -7,46 +7,62 @@ whole layer (RMSNorm, q|k|v, RoPE, write_kv, paged decode attention, o, RMSNorm,
 SwiGLU, down, both residual adds) in one call on arguments the caller validated once per step.
 
 It calls the very kernels the step-by-step path calls, in the same order, on the same values
-(:func:`~pagedattn.model.block_dot.qmatmul_blocks` with the same parts and launch,
-``quantize_activations_serial``, the row ops' serial kernels, RoPE's product-then-difference
+(:func:`~pagedattn.model.block_dot.qmatmul_blocks` with the same parts and launch, or the
+int8 path's ``project_int8``, the row ops' serial kernels, RoPE's product-then-difference
 loop, ``scatter_kv``, ``decode_attention`` with the step's flash-decoding splits), so its results
 are bitwise those of :meth:`pagedattn.model.llama.LlamaModel.forward`'s general path; the
 batch-invariance tests compare the two (a sequence alone takes this path, in a batch of three
 the general one). Fusion in the sense of llama.cpp's one graph per step (``llama_decode``),
 not of merged arithmetic.
+
+The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; True: int8
+activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`, and its AVX2
+instructions, only into the specialisation that asks for it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from pagedattn.kernels.paged_decode_numba import decode_attention
 from pagedattn.kernels.rope import rope_into
 from pagedattn.kernels.write_kv_numba import scatter_kv
-from pagedattn.model.block_dot import (
-    BLOCK,
-    qmatmul_blocks,
-    quantize_activations_serial,
-)
+from pagedattn.model.block_dot import qmatmul_blocks
 from pagedattn.model.row_ops import rms_norm_serial, silu_mul_serial
 
 
-@numba.njit(cache=True, nogil=True)
-def _project(x, use_int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _project(  # pragma: no cover - replaced by the overload in kernels
+    x: Any, int8: Any, b0: Any, b1: Any, b2: Any, kinds: Any, num_parts: Any, out: Any
+) -> None:
     """``out = x @ concat(parts).T`` as :func:`pagedattn.model.quantized.qmatmul` does it for
-    a decode step: int8 inputs quantized on this thread, one register-decode launch."""
-    rows, k = x.shape
-    if use_int8:
-        xq = np.empty((rows, k), np.int8)
-        xd = np.empty((rows, k // BLOCK), np.float32)
-        xs = np.empty((rows, k // BLOCK), np.float32)
-        quantize_activations_serial(x, xq, xd, xs)
-    else:
-        xq = np.empty((rows, 0), np.int8)
-        xd = np.empty((rows, 0), np.float32)
-        xs = np.empty((rows, 0), np.float32)
-    qmatmul_blocks(x, xq, xd, xs, use_int8, b0, b1, b2, kinds, num_parts, out)
+    a decode step: one register-decode launch (int8: inputs quantized on this thread)."""
+    raise NotImplementedError("_project is only callable from Numba kernels")
+
+
+# The overload's parameters carry no annotations: Numba requires the typing function's
+# signature to equal its implementations'.
+@overload(_project, inline="always")
+def _project_by_path(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+    if isinstance(int8, types.NoneType):
+
+        def exact(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+            qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
+
+        return exact
+    from pagedattn.model.block_dot_int8 import project_int8, require_int8
+
+    require_int8()  # a Python error, never an LLVM abort, on a CPU without AVX2
+    impl: Any = project_int8
+
+    def with_int8(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+        impl(x, b0, b1, b2, kinds, num_parts, out)
+
+    return with_int8
 
 
 @numba.njit(cache=True, nogil=True)
@@ -66,7 +82,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     gate_up_kinds,
     bd,
     down_kind,
-    use_int8,
+    int8,
     num_heads,
     cos,
     sin,
@@ -88,8 +104,8 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     x: (T, H) float32 residual stream, updated in place; eps: float32; attn_norm, mlp_norm:
     (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
     (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (Q4_0 = 0, Q4_1 = 1,
-    Q8_0 = 2) as tuples for the fused launches; use_int8: int8 activations for 4-bit parts
-    (every in_features a multiple of 32); cos, sin: (T, D/2) float32 RoPE tables; keep,
+    Q8_0 = 2) as tuples for the fused launches; int8: None (exact float32) or True (int8
+    activations; every in_features a multiple of 32); cos, sin: (T, D/2) float32 RoPE tables; keep,
     pages, offsets: the step's slot plan; k_cache, v_cache: this layer's (num_pages, nkv,
     page_size, D) float32 pool; tables, ctx, splits, num_splits, scale, window, num_sink: the
     step's validated decode plan (one sequence per row, no sink re-rotation).
@@ -102,7 +118,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     h = np.empty((rows, hidden), np.float32)
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
-    _project(h, use_int8, bq, bk, bv, qkv_kinds, 3, qkv)
+    _project(h, int8, bq, bk, bv, qkv_kinds, 3, qkv)
     q = np.ascontiguousarray(qkv[:, :q_width]).reshape((rows, num_heads, head_dim))
     k = np.ascontiguousarray(qkv[:, q_width : q_width + kv_width])
     v = np.ascontiguousarray(qkv[:, q_width + kv_width :]).reshape((rows, num_kv, head_dim))
@@ -115,15 +131,15 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         q_rot, q_rot, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink, num_splits
     )
     o = np.empty((rows, hidden), np.float32)
-    _project(attn.reshape((rows, q_width)), use_int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o)
+    _project(attn.reshape((rows, q_width)), int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o)
     x += o
     rms_norm_serial(x, mlp_norm, eps, h)
     inter = bg.shape[0]
     gate_up = np.empty((rows, 2 * inter), np.float32)
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
-    _project(h, use_int8, bg, bu, bu, kind3, 2, gate_up)
+    _project(h, int8, bg, bu, bu, kind3, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
     silu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
-    _project(act, use_int8, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
+    _project(act, int8, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
     x += down

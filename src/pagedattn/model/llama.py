@@ -310,7 +310,7 @@ class LlamaModel:
         """Every layer of a decode step, one compiled call each (see :meth:`_layers`)."""
         c = self.config
         eps = np.float32(c.rms_norm_eps)
-        int8 = self.activations == "int8"
+        int8 = True if self.activations == "int8" else None  # the compiled path: see decode_layer
         pool = kernel_cache(kv)  # float16 pools as their uint16 bits
         for li, weights in enumerate(self._fused or ()):
             decode_layer(  # type: ignore[call-arg]

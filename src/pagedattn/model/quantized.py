@@ -25,16 +25,8 @@ import numba
 import numpy as np
 
 from pagedattn.config import ACTIVATIONS
-from pagedattn.model.block_dot import (
-    LANES,
-    decode_into,
-    host_has_avx2,
-    matmul_float,
-    qmatmul_blocks,
-    qmatmul_tiled,
-    quantize_activations,
-    quantize_activations_serial,
-)
+from pagedattn.model.block_dot import decode_into, matmul_float, qmatmul_blocks, qmatmul_tiled
+from pagedattn.model.block_ir import LANES
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
@@ -126,16 +118,29 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     return BlockQuantized(blocks, type_name)
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:  # pragma: no cover - compiled
-    """sum_k a[k] b[k] in float32, for float rows whose length is not a multiple of LANES."""
-    s = np.float32(0.0)
-    for k in range(a.shape[0]):
-        s += a[k] * b[k]
-    return s
+@numba.njit(error_model="numpy", cache=True, nogil=True)
+def _dot(a: np.ndarray, b: np.ndarray, lanes: np.ndarray) -> np.float32:  # pragma: no cover
+    """sum_k a[k] b[k] for float rows whose length is not a multiple of LANES, in one fixed
+    order of IEEE float32 operations (no fast-math: the same bits on every CPU): lane ``l`` of
+    the scratch ``lanes`` (LANES,) sums ``a[k] * b[k]`` for ``k = l, l + LANES, ...``, then the
+    lanes are added by halving."""
+    n = a.shape[0]
+    full = n - n % LANES
+    lanes[:] = 0.0
+    for k0 in range(0, full, LANES):
+        for lane in range(LANES):
+            lanes[lane] += a[k0 + lane] * b[k0 + lane]
+    for lane in range(n - full):
+        lanes[lane] += a[full + lane] * b[full + lane]
+    width = LANES
+    while width > 1:
+        width //= 2
+        for lane in range(width):
+            lanes[lane] += lanes[lane + width]
+    return lanes[0]
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
     """out[t, n] = dot(x[t], w[n]) for float32 w whose in_features is not a multiple of
     LANES (the same code for every row count, so still batch-invariant)."""
@@ -144,11 +149,12 @@ def _matmul_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pr
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         n0 = task * ROWS_PER_TASK
         n1 = min(num_out, n0 + ROWS_PER_TASK)
+        lanes = np.empty(LANES, np.float32)
         for t0 in range(0, num_rows, ROWS_PER_TILE):
             for n in range(n0, n1):
                 wn = w[n]
                 for t in range(t0, min(num_rows, t0 + ROWS_PER_TILE)):
-                    out[t, n] = _dot(wn, x[t])
+                    out[t, n] = _dot(wn, x[t], lanes)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -156,7 +162,7 @@ def _dequantize_kernel(
     blocks: np.ndarray, kind: int, rows: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     for i in numba.prange(rows.shape[0]):
-        decode_into(kind, blocks, rows[i], out, i)
+        decode_into(kind, blocks, rows[i], out, i)  # type: ignore[call-arg]
 
 
 def dequantize_rows(w: BlockQuantized, rows: np.ndarray) -> np.ndarray:
@@ -186,12 +192,15 @@ Matrix = BlockQuantized | np.ndarray  # (out_features, in_features): blocks, or 
 
 
 def check_activations(activations: str) -> None:
-    """Raise ValueError unless ``activations`` is one of :data:`ACTIVATIONS` and runs here
-    (``int8`` needs AVX2: :func:`pagedattn.model.block_dot.host_has_avx2`)."""
+    """Raise ValueError unless ``activations`` is one of :data:`ACTIVATIONS` and runs on the
+    CPU Numba compiles for (``int8`` needs AVX2:
+    :func:`pagedattn.model.block_dot_int8.int8_unsupported`, whose line is the message)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
-    if activations == "int8" and not host_has_avx2():
-        raise ValueError("activations: int8 needs a CPU with AVX2; use float32")
+    if activations == "int8":
+        from pagedattn.model.block_dot_int8 import require_int8  # only for the int8 path
+
+        require_int8()
 
 
 def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.ndarray:
@@ -206,7 +215,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
             block-quantized parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
-            does (:func:`pagedattn.model.block_dot.qmatmul_blocks`): faster, within about 1% of
+            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 only): faster, within about 1% of
             the exact result; float parts stay exact.
 
     Returns:
@@ -215,7 +224,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
 
     Raises:
         ValueError: no parts, an in_features mismatch, a float part that is not float32, or
-            activations not in :data:`ACTIVATIONS` (int8 without AVX2).
+            activations not in :data:`ACTIVATIONS` (int8 on a CPU without AVX2).
     """
     if not parts:
         raise ValueError("qmatmul: expected at least one weight matrix")
@@ -230,8 +239,12 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((x.shape[0], k // BLOCK), np.float32)
             xs = np.empty_like(xd)
+            from pagedattn.model import block_dot_int8  # compiled only for the int8 path
+
             quantize = (
-                quantize_activations_serial if len(x) <= SERIAL_MAX_ROWS else quantize_activations
+                block_dot_int8.quantize_activations_serial
+                if len(x) <= SERIAL_MAX_ROWS
+                else block_dot_int8.quantize_activations
             )
             quantize(x, xq, xd, xs)
             int8 = (xq, xd, xs)
@@ -269,15 +282,16 @@ def _launch_blocks(
     parts: tuple[Matrix, ...],
     out: np.ndarray,
 ) -> None:
-    """:func:`~pagedattn.model.block_dot.qmatmul_blocks` on 1 to 3 block-quantized ``parts``
-    (the unused slots repeat the last part; int8 inputs empty when ``int8`` is None)."""
+    """:func:`~pagedattn.model.block_dot.qmatmul_blocks` (float ``x``) or, given ``int8``,
+    :func:`~pagedattn.model.block_dot_int8.qmatmul_blocks_int8` on 1 to 3 block-quantized
+    ``parts`` (the unused slots repeat the last part)."""
     blocks = [w for w in parts if isinstance(w, BlockQuantized)]
     padded = blocks + [blocks[-1]] * (3 - len(blocks))
-    if int8 is None:
-        unused = np.empty((x.shape[0], 0), np.float32)
-        xq, xd, xs = np.empty((x.shape[0], 0), np.int8), unused, unused
-    else:
-        xq, xd, xs = int8
     kinds = (padded[0].kind, padded[1].kind, padded[2].kind)
     b0, b1, b2 = (w.blocks for w in padded)
-    qmatmul_blocks(x, xq, xd, xs, int8 is not None, b0, b1, b2, kinds, len(blocks), out)
+    if int8 is None:
+        qmatmul_blocks(x, b0, b1, b2, kinds, len(blocks), out)
+    else:
+        from pagedattn.model.block_dot_int8 import qmatmul_blocks_int8
+
+        qmatmul_blocks_int8(*int8, b0, b1, b2, kinds, len(blocks), out)

@@ -71,10 +71,11 @@ SERIAL_MAX_ROWS = 2  # a decode step's rows: waking the thread pool costs more t
 SILU_CHUNK = 256  # elements per parallel task: elementwise, so even a few rows use every thread
 TANH_CLAMP = np.float32(7.90531110763549805)  # |tanh(x)| rounds to 1 in float32 beyond this
 
-# IEEE arithmetic, FMA contraction allowed (no reassociation, no reciprocal approximations), and
+# IEEE arithmetic without FMA contraction (whether LLVM fuses a product into an add depends on
+# the CPU having FMA, and changes the rounding), reassociation or reciprocal approximations, and
 # NumPy's error model (no ZeroDivisionError branch): the loops vectorize, and each element is the
-# same operations whether a vector or the scalar tail computes it.
-_ELEMENTWISE = {"nnan", "ninf", "nsz", "contract"}
+# same operations whether a vector or the scalar tail computes it, on every CPU.
+_ELEMENTWISE = {"nnan", "ninf", "nsz"}
 
 
 @numba.njit(fastmath=_ELEMENTWISE, error_model="numpy", cache=True, nogil=True)

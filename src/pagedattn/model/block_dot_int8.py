@@ -1,0 +1,283 @@
+"""Matmuls of GGUF block-quantized rows with int8-quantized activations (opt-in, not exact).
+
+llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): each 32-input
+block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
+block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
+offset), with the integer sum from AVX2's ``vpmaddubsw`` (unsigned times signed int8, pairwise
+into int16: at most 2 * 15 * 127 for 4-bit codes, 2 * 127 * 127 for Q8_0's; no saturation) and
+``vpmaddwd`` (pairs into int32). Every (row, output) is the same sequence of operations for
+any row count: batch invariance holds on this path too.
+
+These are the only kernels of the package that name host-specific instructions (AVX2), so they
+live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is imported
+only when int8 activations are asked for, and its intrinsics refuse, with a Python error, to
+emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would otherwise stop
+the process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pagedattn.kernels.simd_ir import (
+    F32,
+    I8,
+    I32,
+    Arr2D,
+    carried_loop,
+    fma,
+    hsum,
+    mask,
+    prefetch,
+    splat,
+)
+from pagedattn.kernels.target import has_avx2, target_cpu
+from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
+from pagedattn.model.block_ir import BLOCK, LAYOUT, by_kind, scale_offset
+
+_V16I8 = ir.VectorType(I8, 16)
+_V32I8 = ir.VectorType(I8, 32)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+_V8I32 = ir.VectorType(I32, 8)
+_V8F = ir.VectorType(F32, 8)
+INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
+
+
+def int8_unsupported() -> str | None:
+    """Why int8 activations cannot run on the CPU Numba compiles for (one line), or None."""
+    if has_avx2():
+        return None
+    return f"activations: int8 needs a CPU with AVX2, and {target_cpu()[0]} has none; use float32"
+
+
+def require_int8() -> None:
+    """Raise ValueError (:func:`int8_unsupported`'s line) unless the target has AVX2."""
+    reason = int8_unsupported()
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+def _make_int8_dot(rows: int, cols: int) -> Any:
+    """Intrinsic (kind, blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
+    ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
+    ``xd`` and sums ``xs`` (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
+    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so ``vpmaddubsw`` takes ``|xq|`` and the codes
+    with ``xq``'s sign (``vpsignb``); a product pair is at most 2 * 127 * 127, below int16's
+    limit, as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation
+    rows; every output is the same operations whatever ``rows`` and ``cols`` are."""
+    tile = rows * cols
+
+    @intrinsic  # type: ignore[misc]
+    def int8_dot(
+        typingctx: Any,
+        kind: Any,
+        blocks: Any,
+        n0: Any,
+        xq: Any,
+        xd: Any,
+        xs: Any,
+        t0: Any,
+    ) -> Any:
+        sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xs, t0)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            require_int8()  # never emit the AVX2 intrinsics for a CPU without them
+            b_arr, q_arr, d_arr, x_arr = (
+                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
+            )
+            n_first, t_first = args[2], args[6]
+            i64 = n_first.type
+            ones = ir.Constant(_V16I16, [1] * 16)
+
+            def emit(kind: int) -> list[ir.Value]:
+                size, header, _ = LAYOUT[kind]
+                accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [F32(0.0)] * tile
+
+                def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                    k = builder.mul(b, i64(BLOCK))
+                    xqv, abs_xq, dx, sx = [], [], [], []
+                    for c in range(cols):
+                        t_row = builder.add(t_first, i64(c))
+                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer())
+                        xqv.append(builder.load(q_ptr, align=1))
+                        # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
+                        abs_xq.append(
+                            _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv[c], ir.IntType(1)(0)])
+                        )
+                        dx.append(builder.load(d_arr.ptr(builder, t_row, b)))
+                        sx.append(builder.load(x_arr.ptr(builder, t_row, b)))
+                    vec, off = list(accs[:tile]), list(accs[tile:])
+                    for r in range(rows):
+                        n = builder.add(n_first, i64(r))
+                        start = builder.mul(b, i64(size))
+                        block = b_arr.ptr(builder, n, start)
+                        codes = builder.gep(block, [i64(header)])
+                        prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
+                        if kind == 2:
+                            codes32 = builder.load(
+                                builder.bitcast(codes, _V32I8.as_pointer()), align=1
+                            )
+                        else:
+                            packed = builder.load(
+                                builder.bitcast(codes, _V16I8.as_pointer()), align=1
+                            )
+                            lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+                            hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+                            codes32 = builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
+                        d, m = scale_offset(builder, kind, block)
+                        for c in range(cols):
+                            i = r * cols + c
+                            if kind == 2:
+                                signed = _x86(
+                                    builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv[c]]
+                                )
+                                pairs = _x86(
+                                    builder,
+                                    "llvm.x86.avx2.pmadd.ub.sw",
+                                    _V16I16,
+                                    [abs_xq[c], signed],
+                                )
+                            else:
+                                pairs = _x86(
+                                    builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv[c]]
+                                )
+                            quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
+                            ddx = splat(builder, builder.fmul(d, dx[c]), 8)
+                            vec[i] = fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
+                            if kind != 2:  # Q8_0 has no offset
+                                off[i] = fma(builder, m, sx[c], off[i])
+                    return vec + off
+
+                carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+                return [builder.fadd(hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
+
+            sums = by_kind(builder, args[0], emit)
+            return context.make_tuple(builder, sig.return_type, sums)
+
+        return sig, codegen
+
+    return int8_dot
+
+
+# DECODE_TILE output rows x INT8_COLS activation rows, x 1, and 1 x 1
+_int8_tile = _make_int8_dot(DECODE_TILE, INT8_COLS)
+_int8_col = _make_int8_dot(DECODE_TILE, 1)
+_int8_one = _make_int8_dot(1, 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Row ``t`` of :func:`quantize_activations`."""
+    for b in range(x.shape[1] // BLOCK):
+        amax = np.float32(0.0)
+        for j in range(b * BLOCK, (b + 1) * BLOCK):
+            amax = max(amax, abs(x[t, j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+        total = 0
+        for j in range(b * BLOCK, (b + 1) * BLOCK):
+            q = np.int8(np.rint(x[t, j] * inv))
+            xq[t, j] = q
+            total += int(q)
+        xd[t, b] = d
+        xs[t, b] = d * np.float32(total)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def quantize_activations(
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """Per 32-input block of each row of ``x`` (T, K) float32 (ggml's ``quantize_row_q8_1``):
+    ``xd = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for an all-zero block) and
+    ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
+    ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
+    offset`` (summing the unquantized ``x`` for the offset term would leave
+    ``scale * sum(code * error)``, several times larger). Parallel over rows; the same values
+    as :func:`quantize_activations_serial`."""
+    for t in numba.prange(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@numba.njit(cache=True, nogil=True)
+def quantize_activations_serial(
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """:func:`quantize_activations` on the calling thread (a decode step's one or two rows:
+    waking the thread pool costs more than the rows)."""
+    for t in range(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
+    DECODE_TILE output rows by INT8_COLS activation rows, then the leftover rows one by one."""
+    n0 = task * ROWS_PER_TASK
+    n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
+    num_rows = xq.shape[0]
+    t = 0
+    while t < num_rows:
+        cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
+        n = n0
+        while n + DECODE_TILE <= n1:
+            if cols == INT8_COLS:
+                r = _int8_tile(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    for c in range(INT8_COLS):
+                        out[t + c, col + n + i] = r[i * INT8_COLS + c]
+            else:
+                r1 = _int8_col(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    out[t, col + n + i] = r1[i]
+            n += DECODE_TILE
+        while n < n1:
+            for c in range(cols):
+                out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xs, t + c)[0]
+            n += 1
+        t += cols
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def qmatmul_blocks_int8(
+    xq: np.ndarray,
+    xd: np.ndarray,
+    xs: np.ndarray,
+    b0: np.ndarray,
+    b1: np.ndarray,
+    b2: np.ndarray,
+    kinds: tuple[int, int, int],
+    num_parts: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """``out = (xd * xq) @ concat(b0, b1, b2)[:num_parts].T``, laid out as
+    :func:`pagedattn.model.block_dot.qmatmul_blocks`: one launch over tasks of ROWS_PER_TASK
+    output rows, tiles of DECODE_TILE output rows by INT8_COLS rows of ``xq`` (each block's
+    codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32 from
+    :func:`quantize_activations`."""
+    for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
+        blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
+        _int8_task(xq, xd, xs, blocks, kind, local, out, col)
+
+
+@numba.njit(cache=True, nogil=True)
+def project_int8(x, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`qmatmul_blocks_int8` of ``x`` (T, K) float32 quantized on this thread (a decode
+    step's rows, as :func:`pagedattn.model.quantized.qmatmul` does it)."""
+    rows, k = x.shape
+    xq = np.empty((rows, k), np.int8)
+    xd = np.empty((rows, k // BLOCK), np.float32)
+    xs = np.empty((rows, k // BLOCK), np.float32)
+    quantize_activations_serial(x, xq, xd, xs)
+    qmatmul_blocks_int8(xq, xd, xs, b0, b1, b2, kinds, num_parts, out)
