@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: run test lint setup setup-test redis clean
+.PHONY: run test lint setup setup-test redis warm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ redis:
 # waits on servers, subprocesses and Redis overlap with the other worker's compute.
 PYTEST_WORKERS ?= 2
 
-test: lint redis
+# Compile the kernels once, before the workers start (Numba caches them on disk), so that no
+# test's first request waits on a compile and the two workers never compile the same kernel.
+warm: $(VENV)/.setup-run
+	$(BIN)/pagedattn generate "Hi" --max-tokens 4 > /dev/null
+
+test: lint redis warm
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
