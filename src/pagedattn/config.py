@@ -13,6 +13,9 @@ from pagedattn.backend_spec import validate_backend
 # How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
 # int8 (opt-in, not exact) quantizes them per 32-input block as llama.cpp does.
 ACTIVATIONS = ("float32", "int8")
+# Draft-free speculative decoding methods (None = off): "ngram" proposes the tokens that followed
+# the latest earlier occurrence of the sequence's last n tokens (prompt lookup).
+SPECULATIVE_METHODS = ("ngram",)
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,16 @@ class SchedulerConfig:
             ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
             otherwise (a window bounds memory; positions past the context extrapolate RoPE in
             absolute mode and stay inside the cache in shifted mode).
+        speculative: None (off) or ``"ngram"``: each decoding sequence may propose up to
+            ``num_speculative_tokens`` tokens by n-gram lookup in its own prompt and output,
+            verified in the same step as extra decode rows (:mod:`pagedattn.engine.spec`);
+            tokens and logprobs are bitwise those of plain decoding.
+        num_speculative_tokens: most tokens one sequence drafts per step, in [1, 64] (the
+            per-request number adapts to its acceptance, up to this).
+        ngram_min, ngram_max: the n-gram lengths looked up, longest first, 1 <= min <= max <= 16.
+        speculative_token_share: drafts are added only while the step's tokens, drafts
+            included, stay within this share of ``max_num_batched_tokens`` (in (0, 1]): a large
+            batch already reads each weight once for many rows, so drafts would only add work.
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
@@ -218,8 +231,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     long_prefill_token_threshold: int | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+    speculative_token_share: float = 1 / 32
 
     def __post_init__(self) -> None:
+        self._check_speculative()
         for field in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
@@ -235,6 +254,31 @@ class SchedulerConfig:
             raise ValueError(
                 "SchedulerConfig.long_prefill_token_threshold: expected None or an int in "
                 f"[1, max_num_batched_tokens={self.max_num_batched_tokens}], got {t!r}"
+            )
+
+    def _check_speculative(self) -> None:
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"SchedulerConfig.speculative: expected None or one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative!r}"
+            )
+        ints = {"num_speculative_tokens": 64, "ngram_min": 16, "ngram_max": 16}
+        for field, most in ints.items():
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise ValueError(
+                    f"SchedulerConfig.{field}: expected an int in [1, {most}], got {value!r}"
+                )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"SchedulerConfig.ngram_min: expected <= ngram_max ({self.ngram_max}), "
+                f"got {self.ngram_min}"
+            )
+        share = self.speculative_token_share
+        if not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+            raise ValueError(
+                f"SchedulerConfig.speculative_token_share: expected a float in (0, 1], "
+                f"got {share!r}"
             )
 
     @property
@@ -300,6 +344,14 @@ class EngineConfig:
             raise ValueError(
                 f"CacheConfig.kv_cache_dtype {self.cache.kv_cache_dtype!r}: the numpy backend "
                 f"only (got backend {self.backend!r})"
+            )
+        if self.scheduler.speculative is not None and (
+            self.backend != "numpy" or self.cache.sliding_window is not None
+        ):
+            raise ValueError(
+                "SchedulerConfig.speculative: needs the numpy backend (bitwise batch-invariant "
+                f"decode rows) and no sliding_window; got backend {self.backend!r}, "
+                f"sliding_window {self.cache.sliding_window!r}"
             )
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"EngineConfig.seed: expected an int >= 0, got {self.seed!r}")

@@ -15,6 +15,10 @@ import numpy as np
 # next token) -> the logits to sample from. It may modify and return the given array.
 LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 
+# Per-request speculative decoding: "auto" drafts when the engine has speculation on and it
+# pays; "off" never drafts for this request (its output is the same either way).
+SPECULATIVE_DECODING = ("auto", "off")
+
 MAX_LOGPROBS = 20  # most top-N alternatives per position (vLLM's default max_logprobs)
 
 
@@ -83,6 +87,10 @@ class SamplingParams:
             The prompt is then computed in full (no prefix cache: a cached page has no logits).
         logits_processors: callables applied in order to each next-token logits row before
             sampling (see ``LogitsProcessor``); structured output uses them to mask tokens.
+        speculative_decoding: ``"auto"`` (default: the engine drafts tokens for this request
+            when its speculation is on and pays) or ``"off"`` (never). Speculation never
+            changes a request's tokens or logprobs; requests with ``logits_processors`` are
+            never drafted for.
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
@@ -109,6 +117,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = field(default=())
+    speculative_decoding: str = "auto"
 
     def __post_init__(self) -> None:
         stop: str | Iterable[str] = self.stop
@@ -175,6 +184,8 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 raise bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
+        if self.speculative_decoding not in SPECULATIVE_DECODING:
+            raise bad("speculative_decoding", f"one of {SPECULATIVE_DECODING}")
         for proc in self.logits_processors:
             if not callable(proc):
                 raise ValueError(f"logits_processors: expected callables, got {proc!r}")

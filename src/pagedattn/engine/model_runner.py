@@ -13,6 +13,11 @@ Logits rows: one per sampling sequence (its last new token), plus, for a sequenc
 prompt logprobs, one per new prompt token whose successor is a prompt token (row of position
 ``p`` gives the logprob of prompt token ``p + 1``). Ids past the tokenizer's vocabulary are
 masked (:func:`mask_padded_vocab`) before logprobs and sampling.
+
+A sequence with drafts (speculative decoding) runs as one decode row per token, step token
+first (:mod:`pagedattn.engine.spec.verify`), each row a logits row; its step token is sampled
+with the others, then its drafts are checked in position order
+(:func:`pagedattn.engine.spec.acceptance.sample_run`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pagedattn.engine.logprobs import TokenLogprobs, log_softmax, token_logprobs
 from pagedattn.engine.sampler import mask_padded_vocab, sample_each
 from pagedattn.engine.sampler_output import SamplerOutput
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from pagedattn.engine.spec.acceptance import AcceptedRun, sample_run
+from pagedattn.engine.spec.verify import verify_rows
 from pagedattn.model.forward_batch import ForwardBatch
 
 
@@ -84,7 +91,20 @@ class ModelRunner:
         query_start_loc = [0]
         context_lens: list[int] = []
         logits_indices: list[int] = []
-        for s in batch.seqs:
+        table_rows: list[int] = []  # page-table row of each ForwardBatch sequence
+        for i, s in enumerate(batch.seqs):
+            if s.draft_token_ids:  # one decode row per token, each a logits row
+                v = verify_rows(s)
+                input_ids.append(v.input_ids)
+                positions.append(v.positions)
+                slots.append(v.slot_mapping)
+                first = query_start_loc[-1]
+                query_start_loc.extend(range(first + 1, first + v.num_rows + 1))
+                context_lens.extend(v.context_lens.tolist())
+                logits_indices.extend(range(first, first + v.num_rows))
+                table_rows.extend([i] * v.num_rows)
+                continue
+            table_rows.append(i)
             start, n = s.start, s.num_new_tokens
             if s.slot_mapping.shape != (n,):
                 raise ValueError(
@@ -112,7 +132,7 @@ class ModelRunner:
             slot_mapping=np.concatenate(slots),
             query_start_loc=np.asarray(query_start_loc, dtype=np.int32),
             context_lens=np.asarray(context_lens, dtype=np.int32),
-            page_tables=np.asarray(batch.page_tables, dtype=np.int32),
+            page_tables=np.asarray(batch.page_tables, dtype=np.int32)[table_rows],
             logits_indices=np.asarray(logits_indices, dtype=np.int64),
             sliding_window=cfg.sliding_window,
             num_sink_tokens=cfg.num_sink_tokens,
@@ -158,7 +178,7 @@ class ModelRunner:
                 row += len(positions)
             if s.samples:
                 sample_rows.extend([row] * (1 + len(s.seq.fork_children)))
-                row += 1
+                row += 1 + len(s.draft_token_ids)
         seqs = batch.sample_rows
         if not seqs:
             return SamplerOutput(np.zeros(0, dtype=np.int64), [], prompt_logprobs)
@@ -180,4 +200,25 @@ class ModelRunner:
             if r not in cache:
                 cache[r] = log_softmax(logits[r])
             logprobs.append(token_logprobs(cache[r], t, q.params.logprobs or 0))
-        return SamplerOutput(token_ids, logprobs, prompt_logprobs, errors)
+        accepted = self._accept_drafts(batch, logits, sample_rows, token_ids, errors)
+        return SamplerOutput(token_ids, logprobs, prompt_logprobs, errors, accepted)
+
+    def _accept_drafts(
+        self,
+        batch: ScheduledBatch,
+        logits: np.ndarray,
+        sample_rows: list[int],
+        token_ids: np.ndarray,
+        errors: dict[int, str],
+    ) -> dict[int, AcceptedRun]:
+        """Per drafted sequence's sample row, the tokens its drafts' rows confirm."""
+        accepted: dict[int, AcceptedRun] = {}
+        i = 0
+        for s in batch.seqs:
+            if not s.samples:
+                continue
+            if s.draft_token_ids and i not in errors:
+                first = int(token_ids[i])
+                accepted[i] = sample_run(logits, sample_rows[i], first, s, self.eos_token_ids)
+            i += 1 + len(s.seq.fork_children)
+        return accepted

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagedattn.engine.logprobs import TokenLogprobs
+from pagedattn.engine.spec.acceptance import AcceptedRun
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,15 @@ class SamplerOutput:
             ``first + j - 1``), for sequences that asked for prompt logprobs.
         errors: sample row -> why that row has no token (NaN logits, a logits processor
             raising...; its id is -1): that request fails alone.
+        accepted: sample row -> the tokens a drafted sequence gains after that row's token
+            (speculative decoding, :func:`pagedattn.engine.spec.acceptance.sample_run`).
     """
 
     token_ids: np.ndarray
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    accepted: dict[int, AcceptedRun] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> SamplerOutput:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,12 +21,19 @@ class ScheduledSeq:
         samples: True when the step reaches the end of the sequence, so its last new token's
             logits are sampled (a mid-prompt chunk does not sample, nor a ``max_tokens=0``
             request).
+        draft_token_ids: tokens drafted after the sequence's last token (speculative
+            decoding, :mod:`pagedattn.engine.spec`): verified in this step as extra decode
+            rows, one per draft, their KV at ``draft_slot_mapping``; empty for a plain step.
+            Only the drafts the sampled tokens confirm are committed (in postprocess).
+        draft_slot_mapping: (len(draft_token_ids),) int64 KV slots of the drafts.
     """
 
     seq: Sequence
     num_new_tokens: int
     slot_mapping: np.ndarray
     samples: bool
+    draft_token_ids: tuple[int, ...] = ()
+    draft_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def start(self) -> int:
@@ -48,7 +55,13 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
+        """New tokens of the step, drafts not counted."""
         return sum(s.num_new_tokens for s in self.seqs)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafted tokens the step verifies (each one more decode row)."""
+        return sum(len(s.draft_token_ids) for s in self.seqs)
 
     @property
     def sampling_seqs(self) -> list[Sequence]:

@@ -84,7 +84,7 @@ class Scheduler:
         self.queues = RequestQueues(cache_manager, self.stats)
         self.planner = StepPlanner(scheduler_config, cache_manager, self.queues, self.stats)
         self.postprocessor = StepPostprocessor(
-            cache_manager, self.queues, self.stats, self.eos_token_ids
+            cache_manager, self.queues, self.stats, self.eos_token_ids, self.planner.drafter
         )
 
     @property

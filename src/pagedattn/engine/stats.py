@@ -23,6 +23,10 @@ class SchedulerStats:
         last_step_num_seqs, last_step_num_tokens: the latest step's batch size in sequences
             and in new tokens (observe after each ``step()`` for a histogram).
         total_step_num_seqs: sum of the per-step sequence counts (mean = / num_steps).
+        spec_num_drafted_tokens: tokens drafted by speculative decoding (verified rows).
+        spec_num_accepted_tokens: of those, drafts the sampled tokens confirmed and whose KV
+            was kept (each one token generated without a step of its own).
+        spec_num_verifies: sequence-steps that verified drafts.
     """
 
     num_prompt_tokens: int = 0
@@ -36,6 +40,9 @@ class SchedulerStats:
     last_step_num_seqs: int = 0
     last_step_num_tokens: int = 0
     total_step_num_seqs: int = 0
+    spec_num_drafted_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_verifies: int = 0
 
     def record_step(self, num_seqs: int, num_tokens: int) -> None:
         """Count one model step of ``num_seqs`` sequences and ``num_tokens`` new tokens."""

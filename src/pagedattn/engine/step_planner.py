@@ -25,6 +25,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
+from pagedattn.engine.spec.drafter import Drafter
 from pagedattn.engine.stats import SchedulerStats
 from pagedattn.engine.step_journal import StepJournal
 
@@ -50,6 +51,8 @@ class StepPlanner:
         self.cache = cache
         self.queues = queues
         self.stats = stats
+        # speculative decoding: drafts planned after admission, verified as decode rows
+        self.drafter = Drafter(config) if config.speculative else None
 
     def plan(self, journal: StepJournal) -> None:
         """Schedule the running sequences, then admit waiting ones, recording every
@@ -85,6 +88,8 @@ class StepPlanner:
                 journal.admitted.append(seq)
                 journal.scheduled.append(self.reserve(seq, n))
                 budget -= n
+        if self.drafter is not None and budget > 0:
+            self.drafter.draft(journal.scheduled, budget, self.cache)
 
     def reserve(self, seq: Sequence, n: int) -> ScheduledSeq:
         """Reserve the KV slots of the sequence's next ``n`` tokens."""

@@ -16,6 +16,8 @@ from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sampler_output import SamplerOutput
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
 from pagedattn.engine.sequence_group import SequenceGroup
+from pagedattn.engine.spec.acceptance import commit_run
+from pagedattn.engine.spec.drafter import Drafter
 from pagedattn.engine.stats import SchedulerStats
 
 
@@ -27,6 +29,8 @@ class StepPostprocessor:
         queues: the waiting and running sequences and the live requests (changed in place).
         stats: counts sampled tokens.
         eos_token_ids: ids that end generation unless ``ignore_eos``.
+        drafter: speculative decoding's planner (a drafted sequence's verified run is applied
+            here and adapts its draft length); None = speculation off.
     """
 
     def __init__(
@@ -35,11 +39,13 @@ class StepPostprocessor:
         queues: RequestQueues,
         stats: SchedulerStats,
         eos_token_ids: frozenset[int],
+        drafter: Drafter | None = None,
     ) -> None:
         self.cache = cache
         self.queues = queues
         self.stats = stats
         self.eos_token_ids = eos_token_ids
+        self.drafter = drafter
 
     def apply(
         self,
@@ -116,5 +122,11 @@ class StepPostprocessor:
             row += 1
             if error is not None:
                 s.finish(FINISH_ERROR, now, error=error)
+            if item.draft_token_ids:  # the drafts it confirmed; the others' slots go back
+                run = None if error is not None else out.accepted.get(row - 1)
+                drafted, accepted = commit_run(item, run, self.eos_token_ids, now, self.cache,
+                                               self.stats)  # fmt: skip
+                if self.drafter is not None:
+                    self.drafter.record(s, drafted, accepted)
             if s.is_finished:
                 self.queues.retire(s, group)

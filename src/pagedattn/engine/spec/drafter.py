@@ -1,0 +1,146 @@
+"""Verify planning: which decoding sequences draft this step, how many tokens, and their KV slots.
+
+Runs at the end of :meth:`Scheduler.schedule`, after the running sequences got their tokens
+and the waiting ones were admitted, so drafts only take what is left of the step: token budget
+(within ``speculative_token_share`` of it, so a large batch does not draft), and only while
+that many empty pages are free (a draft does not reclaim cached prefix pages, nor preempt).
+Admission is over when drafts reserve their slots: no request of this step can take a prefix
+hit on a page holding drafted tokens, and postprocess takes every rejected draft's slot back
+before the step ends (:func:`pagedattn.engine.spec.acceptance.commit_run`), so such a page
+never enters the prefix index or the persistent tier.
+
+The number drafted adapts per sequence: it starts at ``min(4, num_speculative_tokens)``, grows
+by 2 after a fully accepted draft and falls to one more than the accepted count after a
+rejection; after two verifies in a row accept nothing, the sequence stops drafting for
+2, 4, 8, then 16 steps (speculation that does not pay is switched off for it, and retried).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+from pagedattn.cache import CacheManager
+from pagedattn.config import SchedulerConfig
+from pagedattn.engine.scheduled_batch import ScheduledSeq
+from pagedattn.engine.sequence import Sequence
+from pagedattn.engine.spec.ngram import NgramIndex
+
+START_TOKENS = 4
+GROW_TOKENS = 2
+MAX_PAUSE_STEPS = 16
+
+
+@dataclasses.dataclass
+class DraftState:
+    """One sequence's speculation: its n-gram index and adaptive draft length."""
+
+    index: NgramIndex
+    num_tokens: int
+    misses: int = 0  # verifies in a row that accepted nothing
+    pause: int = 0  # steps left without drafting
+
+
+class Drafter:
+    """Plans the drafts of each step and adapts each sequence's draft length.
+
+    Args:
+        config: the scheduler config (``speculative`` set, its n-gram and budget options).
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._states: weakref.WeakKeyDictionary[Sequence, DraftState] = weakref.WeakKeyDictionary()
+
+    def state(self, seq: Sequence) -> DraftState:
+        """The sequence's speculation state (created on first use, dropped with it)."""
+        state = self._states.get(seq)
+        if state is None:
+            c = self.config
+            state = DraftState(
+                NgramIndex(c.ngram_min, c.ngram_max), min(START_TOKENS, c.num_speculative_tokens)
+            )
+            self._states[seq] = state
+        return state
+
+    @staticmethod
+    def eligible(item: ScheduledSeq) -> bool:
+        """A decode step of a sequence that may draft: it samples its next token from its
+        last one, has no fork pending and no logits processor (whose state a rejected draft
+        would have advanced), and did not opt out."""
+        seq = item.seq
+        p = seq.params
+        return (
+            item.samples
+            and item.num_new_tokens == 1
+            and not item.draft_token_ids
+            and item.start == seq.num_tokens - 1
+            and seq.num_generated_tokens >= 1
+            and not seq.fork_children
+            and not p.logits_processors
+            and p.speculative_decoding == "auto"
+            and not seq.needs_prompt_logits
+        )
+
+    @staticmethod
+    def room(seq: Sequence) -> int:
+        """Most drafts that can still be kept: the tokens it may still generate, minus the
+        one every step samples anyway (so its KV never outgrows plain decoding's)."""
+        left = seq.params.max_tokens - seq.num_generated_tokens - 1
+        if seq.max_model_len is not None:
+            left = min(left, seq.max_model_len - seq.num_tokens - 1)
+        return left
+
+    def draft(self, scheduled: list[ScheduledSeq], budget: int, cache: CacheManager) -> None:
+        """Give eligible sequences of this step their drafts, in batch order, replacing their
+        entries of ``scheduled`` (their draft slots reserved in ``cache``).
+
+        Args:
+            scheduled: the step's sequences so far (updated in place).
+            budget: tokens left in the step's budget.
+            cache: the page tables (drafts are appended after each sequence's step token).
+        """
+        c = self.config
+        share = int(c.speculative_token_share * c.max_num_batched_tokens)
+        left = min(budget, share - sum(s.num_new_tokens for s in scheduled))
+        ps = cache.page_size
+        for i, item in enumerate(scheduled):
+            if left <= 0:
+                return
+            if not self.eligible(item):
+                continue
+            seq = item.seq
+            state = self.state(seq)
+            if state.pause > 0:
+                state.pause -= 1
+                continue
+            k = min(state.num_tokens, left, self.room(seq))
+            tokens = state.index.propose(seq.token_ids, k) if k > 0 else []
+            if not tokens:
+                continue
+            reserved = cache.num_tokens(seq.seq_id)
+            need = -(-(reserved + len(tokens)) // ps) - -(-reserved // ps)
+            if need > cache.allocator.num_allocatable(reclaim_cached=False):
+                continue  # drafts take empty pages only
+            slots = cache.append_slots(seq.seq_id, tokens)
+            scheduled[i] = dataclasses.replace(
+                item, draft_token_ids=tuple(tokens), draft_slot_mapping=slots
+            )
+            left -= len(tokens)
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """Adapt the sequence's draft length to a verify that accepted ``num_accepted`` of
+        ``num_drafted`` drafts."""
+        state = self.state(seq)
+        if num_accepted >= num_drafted:
+            state.num_tokens = min(
+                state.num_tokens + GROW_TOKENS, self.config.num_speculative_tokens
+            )
+        else:
+            state.num_tokens = max(1, num_accepted + 1)
+        if num_accepted > 0:
+            state.misses = 0
+            return
+        state.misses += 1
+        if state.misses >= 2:
+            state.pause = min(2 ** (state.misses - 1), MAX_PAUSE_STEPS)
