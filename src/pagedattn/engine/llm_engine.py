@@ -344,9 +344,12 @@ class LLMEngine:
         (prompt tokens restored from the persistent tier), ``tier_errors`` (dict: "lookup"
         lookups that raised and were a miss, "write" pages whose write-through raised) and
         ``kv_store`` (the tier's
-        :meth:`pagedattn.storage.KVTier.stats`, None without a tier).
+        :meth:`pagedattn.storage.KVTier.stats`, None without a tier), and
+        ``spec_acceptance_ratio`` (speculative decoding: accepted / drafted tokens, 0.0 before
+        any draft).
         """
         s = self.scheduler.stats
+        drafted = s.spec_num_drafted_tokens
         pages = self.cache_manager.num_pages
         referenced = pages - self.cache_manager.allocator.num_free_pages
         return {
@@ -360,4 +363,5 @@ class LLMEngine:
             "tier_restored_tokens": self.cache_manager.tier_restored_tokens,
             "tier_errors": dict(self.cache_manager.tier_errors),
             "kv_store": None if self.kv_tier is None else self.kv_tier.stats(),
+            "spec_acceptance_ratio": s.spec_num_accepted_tokens / drafted if drafted else 0.0,
         }
