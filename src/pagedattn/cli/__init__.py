@@ -35,6 +35,7 @@ def _register() -> None:
         bench_engine,
         bench_generate,
         bench_kernels,
+        bench_spec,
         bench_store,
         bench_structured,
         chat,

@@ -38,6 +38,7 @@ from pagedattn.cli.options import (
     SeedOption,
     SinksOption,
     SlidingWindowOption,
+    SpeculativeOption,
     StatsOption,
     SystemOption,
     TemperatureOption,
@@ -169,6 +170,7 @@ def chat(
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
     kv_cache_dtype: KvCacheDtypeOption = "float32",
+    speculative: SpeculativeOption = None,
     session: Annotated[
         str | None,
         typer.Option(
@@ -217,6 +219,7 @@ def chat(
             device=device,
             activations=activations,
             kv_cache_dtype=kv_cache_dtype,
+            speculative=speculative,
         )
         conversation = Conversation(engine.tokenizer, system)
         first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template

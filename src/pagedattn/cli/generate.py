@@ -26,6 +26,7 @@ from pagedattn.cli.options import (
     SeedOption,
     SinksOption,
     SlidingWindowOption,
+    SpeculativeOption,
     StatsOption,
     SystemOption,
     TemperatureOption,
@@ -71,6 +72,7 @@ def generate(
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
     kv_cache_dtype: KvCacheDtypeOption = "float32",
+    speculative: SpeculativeOption = None,
     stats: StatsOption = False,
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
@@ -107,6 +109,7 @@ def generate(
             device=device,
             activations=activations,
             kv_cache_dtype=kv_cache_dtype,
+            speculative=speculative,
         )
         tokenizer = engine.tokenizer
         if raw:

@@ -122,6 +122,16 @@ KvStoreDeadlineOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+SpeculativeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative",
+        metavar="METHOD",
+        help="Speculative decoding: ngram drafts tokens from the request's own prompt and "
+        "output, verified in the same step; the output is bitwise the same. Off when absent.",
+        rich_help_panel=ENGINE,
+    ),
+]
 BackendOption = Annotated[
     str,
     typer.Option(
@@ -232,6 +242,7 @@ def build_engine(
     device: str | None = None,
     activations: str = "float32",
     kv_cache_dtype: str = "float32",
+    speculative: str | None = None,
 ) -> LLMEngine:
     """Load the model and build an engine from the shared engine options.
 
@@ -243,7 +254,8 @@ def build_engine(
             directory or redis://HOST:PORT/DB) or None; kv_store_key: its shared signing
             secret or None; kv_store_deadline_s: the most a step waits on it; backend,
             device: the array backend (:mod:`pagedattn.backends`); activations: ``float32``
-            or ``int8``; kv_cache_dtype: ``float32`` or ``float16``.
+            or ``int8``; kv_cache_dtype: ``float32`` or ``float16``; speculative: None or
+            ``ngram``.
 
     Raises:
         ValueError: a value the configs reject; FileNotFoundError: a missing model;
@@ -267,6 +279,7 @@ def build_engine(
         device=device,
         activations=activations,
         kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
     )
     engine = LLMEngine.from_config(config)
     if backend == "numpy" and sys.stderr.isatty() and not kernels_cached():
@@ -343,6 +356,7 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "max_model_len": "--max-model-len",
+    "speculative": "--speculative",
     "seed": "--seed",
     "model": "--model",
     "max_tokens": "--max-tokens",

@@ -24,6 +24,7 @@ from pagedattn.cli.options import (
     PrefixCachingOption,
     SinksOption,
     SlidingWindowOption,
+    SpeculativeOption,
     flag_message,
     window_or_none,
 )
@@ -92,6 +93,7 @@ def serve(
     device: DeviceOption = None,
     activations: ActivationsOption = "float32",
     kv_cache_dtype: KvCacheDtypeOption = "float32",
+    speculative: SpeculativeOption = None,
     default_max_tokens: Annotated[
         int,
         typer.Option(
@@ -208,6 +210,7 @@ def serve(
         device=device,
         activations=activations,
         kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
     )
     if replicas > 1 or ray_address is not None:
         from pagedattn.cli.serve_cluster import serve_cluster

@@ -124,6 +124,21 @@ class EngineStatsCollector(Collector):
         yield counter(
             "num_preemptions", "Sequences preempted for lack of pages.", s["num_preemptions"]
         )
+        yield counter(
+            "spec_decode_num_draft_tokens",
+            "Tokens drafted by speculative decoding.",
+            s.get("spec_num_drafted_tokens", 0),
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Drafted tokens the sampled tokens confirmed.",
+            s.get("spec_num_accepted_tokens", 0),
+        )
+        yield gauge(
+            "spec_decode_draft_acceptance_rate",
+            "Accepted over drafted tokens since start (0 before any draft).",
+            s.get("spec_acceptance_ratio", 0.0),
+        )
         finished = CounterMetricFamily(
             PREFIX + "request_success",
             "Finished requests by finish reason.",

@@ -1,0 +1,197 @@
+"""`pagedattn bench spec`: our single-stream decode tok/s with n-gram speculation against the same
+engine without it, on input-grounded requests and on free chat, runs interleaved in one process.
+
+Grounded requests ask the model to repeat, quote or summarise a passage of the shipped novel,
+rewrite a JSON document and edit a code file: the answer copies its input, which is where
+drafts from the request's own prompt pay. Free chat answers open questions. Every request runs
+alone and greedy; the two engines share one model; each round runs every request without, then
+with speculation. The outputs must be identical (speculation is lossless): any difference is
+reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedattn.bench.corpus import default_corpus_file
+from pagedattn.sampling_params import SamplingParams
+
+GOALS = {"grounded": 2.0, "free chat": 0.95}
+
+CODE = '''def total_price(items, tax_rate):
+    """Sum of the item prices with tax."""
+    subtotal = 0
+    for item in items:
+        subtotal += item["price"] * item["quantity"]
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item["price"] < best["price"]:
+            best = item
+    return best
+'''
+DOC = {
+    "order": 1042,
+    "customer": {"name": "Elizabeth Bennet", "city": "Longbourn"},
+    "items": [
+        {"name": "bonnet", "price": 12.5, "quantity": 1},
+        {"name": "gloves", "price": 4.25, "quantity": 2},
+    ],
+    "paid": False,
+}
+FREE_CHAT = [
+    "What are three good habits for staying healthy?",
+    "Write a short poem about the sea.",
+    "Why is the sky blue? Explain simply.",
+    "Give me some ideas for a birthday party.",
+]
+
+
+def passages(count: int, lines: int = 8) -> list[str]:
+    """``count`` passages of the shipped novel, ``lines`` printed lines each, from its body."""
+    text = default_corpus_file().read_text(encoding="utf-8").splitlines()
+    body = [line for line in text if line.strip()]
+    step = len(body) // (count + 1)
+    return [" ".join(body[(i + 1) * step : (i + 1) * step + lines]) for i in range(count)]
+
+
+def workloads() -> dict[str, list[str]]:
+    """User messages by workload: grounded (quote, repeat, summarise, JSON, code) and free."""
+    p = passages(3)
+    grounded = [
+        f"Repeat the following passage exactly, word for word:\n\n{p[0]}",
+        f"Quote the following passage in full, then say who is speaking:\n\n{p[1]}",
+        f"Summarise this passage, quoting its key sentences:\n\n{p[2]}",
+        'Rewrite this JSON with the key "paid" set to true, keeping everything else:\n\n'
+        + json.dumps(DOC, indent=2),
+        f"Rename the variable `subtotal` to `net` in this code and show the full file:\n\n{CODE}",
+    ]
+    return {"grounded": grounded, "free chat": list(FREE_CHAT)}
+
+
+@dataclass
+class Totals:
+    """Decode tokens and seconds summed over requests, and the drafts' acceptance."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def decode_one(engine: Any, ids: list[int], max_tokens: int) -> tuple[list[int], int, float]:
+    """Run one greedy request alone: (tokens, decode tokens, first token -> last token s)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    engine.add_request(ids, params, request_id="bench")
+    tokens: list[int] = []
+    first = last = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            new = out.outputs[0].token_ids
+            if new:
+                now = time.perf_counter()
+                first = now if first is None else first
+                last = now
+                tokens += new
+    assert first is not None and last is not None
+    # Tokens after the first, over the time they took (the first comes from the prefill).
+    return tokens, len(tokens) - 1, last - first
+
+
+def run_spec_bench(
+    model: str | None = None,
+    *,
+    rounds: int = 2,
+    max_tokens: int = 128,
+    num_speculative_tokens: int = 8,
+) -> dict[str, Any]:
+    """Measure decode tok/s with and without speculation (see the module doc).
+
+    Returns:
+        ``{workload: {"off": tok/s, "on": tok/s, "ratio": on/off, "goal": x,
+        "acceptance": accepted/drafted, "identical": bool}}``.
+    """
+    from pagedattn.engine.llm import engine_config
+    from pagedattn.engine.llm_engine import LLMEngine
+    from pagedattn.model.build import build_model, resolve_model_backend
+    from pagedattn.model.loader import load_model
+
+    loaded = load_model(model)
+    net = build_model(loaded, resolve_model_backend("numpy", None))
+    common = {"enable_prefix_caching": False, "max_num_seqs": 1}
+    engines = {
+        "off": LLMEngine(engine_config(model, **common), net, loaded.tokenizer,
+                         model_fingerprint=loaded.fingerprint),
+        "on": LLMEngine(
+            engine_config(model, speculative="ngram",
+                          num_speculative_tokens=num_speculative_tokens, **common),
+            net, loaded.tokenizer, model_fingerprint=loaded.fingerprint,
+        ),
+    }  # fmt: skip
+    tok = loaded.tokenizer
+    prompts = {
+        name: [tok.encode_chat([{"role": "user", "content": m}]) for m in msgs]
+        for name, msgs in workloads().items()
+    }
+    decode_one(engines["off"], prompts["free chat"][0], 8)  # compile / warm up both paths
+    decode_one(engines["on"], prompts["grounded"][0], 8)
+    totals = {(name, mode): Totals() for name in prompts for mode in engines}
+    for _ in range(rounds):
+        for name, ids_list in prompts.items():
+            for ids in ids_list:
+                for mode, engine in engines.items():
+                    before = engine.get_stats()
+                    out, n, secs = decode_one(engine, ids, max_tokens)
+                    after = engine.get_stats()
+                    t = totals[(name, mode)]
+                    t.tokens += n
+                    t.seconds += secs
+                    t.drafted += (
+                        after["spec_num_drafted_tokens"] - before["spec_num_drafted_tokens"]
+                    )
+                    t.accepted += (
+                        after["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
+                    )
+                    t.outputs.append(out)
+    results: dict[str, Any] = {}
+    for name in prompts:
+        off, on = totals[(name, "off")], totals[(name, "on")]
+        results[name] = {
+            "off": off.tok_s,
+            "on": on.tok_s,
+            "ratio": on.tok_s / off.tok_s if off.tok_s else 0.0,
+            "goal": GOALS[name],
+            "acceptance": on.accepted / on.drafted if on.drafted else 0.0,
+            "drafted": on.drafted,
+            "identical": off.outputs == on.outputs,
+            "requests": len(prompts[name]) * rounds,
+        }
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    """The results as the lines `pagedattn bench spec` prints."""
+    lines = [
+        f"{'workload':<10} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>7} {'goal':>6}  "
+        f"{'accept':>6}  result"
+    ]
+    for name, r in results.items():
+        met = "met" if r["ratio"] >= r["goal"] else "NOT met"
+        same = "" if r["identical"] else "  OUTPUT DIFFERS"
+        lines.append(
+            f"{name:<10} {r['off']:>10.1f} {r['on']:>10.1f} {r['ratio']:>6.2f}x "
+            f"{r['goal']:>5.2f}x  {r['acceptance']:>6.2f}  {met}{same}"
+        )
+    return "\n".join(lines)
