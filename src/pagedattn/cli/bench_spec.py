@@ -41,7 +41,7 @@ def bench_spec(
     from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.spec import report, run_spec_bench
 
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     with cli_errors():
         results = run_spec_bench(
             model, rounds=rounds, max_tokens=max_tokens,
