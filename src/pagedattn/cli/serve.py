@@ -190,11 +190,16 @@ def serve(
     ingress with the same routes (see deploy/README.md).
 
     Errors in the options print one line to stderr and exit 2."""
+    try:
+        window = window_or_none(sliding_window)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
     engine_options = dict(
         page_size=page_size,
         num_pages=num_pages,
         kv_cache_mib=kv_cache_mib,
-        sliding_window=window_or_none(sliding_window),
+        sliding_window=window,
         num_sink_tokens=sinks,
         position_mode=position_mode,
         max_num_seqs=max_num_seqs,

@@ -137,7 +137,8 @@ def _dot(a: np.ndarray, b: np.ndarray, lanes: np.ndarray) -> np.float32:  # prag
         width //= 2
         for lane in range(width):
             lanes[lane] += lanes[lane + width]
-    return lanes[0]
+    total: np.float32 = lanes[0]
+    return total
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
