@@ -5,8 +5,9 @@ CPU's own instruction set applies, not the host's) computes everything
 :mod:`tests.model.portability_probe` collects: ``generic`` is baseline x86-64 (SSE2: no AVX,
 FMA or F16C), ``haswell`` has AVX2, FMA and F16C, and the host here has AVX-512. Each
 subprocess compiles every kernel (minutes of CPU), so the two CPUs are the two ends: none of
-the instructions, and AVX2. Each is compared with the host's values computed in this process: the block and float matmuls, dequantization, RMSNorm and SwiGLU bit for bit (their
-operation order is fixed in the IR: no fast-math reassociation or FMA contraction). The
+the instructions, and AVX2. Each is compared with the host's values computed in this process:
+the block and float matmuls, dequantization, RMSNorm and SwiGLU bit for bit (their operation
+order is fixed in the IR: no fast-math reassociation or FMA contraction). The
 attention kernels are compiled with fast-math reassociation and contraction (their vectorised
 dot products and sums take the order and the FMAs the CPU's vector width allows), so they
 differ from the host's by float32 round-off, measured at most 1.2e-6 over these cases (values
