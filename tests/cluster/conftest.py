@@ -78,21 +78,24 @@ def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest, tiny_gguf: Path) -> Iterator[Cluster]:
     """The cluster app with 2 replicas on a fresh local Ray cluster and redis-server; a
-    module may set ``CLUSTER_OPTIONS`` (build_cluster_app keywords)."""
+    module may set ``CLUSTER_OPTIONS`` (build_cluster_app keywords, ``autoscaling``
+    instead of 2 replicas included)."""
     from pagedattn.cluster.app import build_cluster_app, run_cluster
 
     redis = RedisServer()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()
-        extra = getattr(request.module, "CLUSTER_OPTIONS", {})
-        app = build_cluster_app(
-            str(tiny_gguf), replicas=2, kv_store=redis.url, **{**OPTIONS, **extra}
-        )
+        options = {**OPTIONS, **getattr(request.module, "CLUSTER_OPTIONS", {})}
+        scaling = options.get("autoscaling")
+        if scaling is None:
+            options.setdefault("replicas", 2)
+        first = options.get("replicas") or scaling.get("initial_replicas", scaling["min_replicas"])
+        app = build_cluster_app(str(tiny_gguf), kv_store=redis.url, **options)
         run_cluster(app, port=port, blocking=False)
         c = Cluster(f"http://127.0.0.1:{port}", redis, str(tiny_gguf))
         assert c.chat([{"role": "user", "content": "warm up"}]).status_code == 200
-        wait_for(lambda: len(c.replicas()) == 2, 30, "both replicas' reports")
+        wait_for(lambda: len(c.replicas()) == first, 30, "every replica's report")
         yield c
     finally:
         serve.shutdown()

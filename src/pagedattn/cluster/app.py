@@ -6,11 +6,14 @@ by default) behind Serve's HTTP proxy, which is what ``pagedattn serve --replica
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic import ValidationError
 from ray import serve
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from pagedattn.cluster.baselines import BASELINES, ROUTER_NAMES
 from pagedattn.cluster.ingress import ClusterIngress
@@ -27,10 +30,34 @@ def default_model_name(model: str | None) -> str:
     return "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
 
 
+def autoscaling_config(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked as Serve's ``AutoscalingConfig``, which would drop a key it does
+    not know (a typo such as ``max_replica`` would leave the deployment unscaled).
+
+    Raises:
+        ValueError: an unknown key (naming the known ones), a value Serve refuses.
+    """
+    known = set(AutoscalingConfig.model_fields)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"autoscaling: unknown option(s) {', '.join(unknown)}; "
+            f"Ray Serve's autoscaling_config takes {', '.join(sorted(known))}"
+        )
+    try:
+        AutoscalingConfig(**options)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"autoscaling: {problems}") from exc
+    return dict(options)
+
+
 def build_cluster_app(
     model: str | None = None,
     *,
-    replicas: int = 2,
+    replicas: int | None = None,
     served_model_name: str | list[str] | None = None,
     api_key: str | None = None,
     default_max_tokens: int = 1024,
@@ -47,7 +74,8 @@ def build_cluster_app(
 
     Args:
         model, served_model_name, api_key, default_max_tokens: as ``pagedattn serve``.
-        replicas: engine replicas (each one LLMEngine with its own page pool).
+        replicas: engine replicas (each one LLMEngine with its own page pool); default 2,
+            or what ``autoscaling`` decides.
         router: ``prefix`` (:class:`PrefixAwareRouter`), ``pow2`` (Ray's power of two
             choices) or ``prefix_tree`` (Ray's PrefixCacheAffinityRouter, a character tree of
             the prompts it routed).
@@ -55,15 +83,24 @@ def build_cluster_app(
         routing_stats_period_s: how often each replica reports its cached pages and metrics.
         replica_cpus: Ray CPUs each replica reserves; replica_threads: its Numba threads.
         max_ongoing_requests: requests one replica accepts at once (Serve queues the rest).
-        autoscaling: Serve's ``autoscaling_config`` (then ``replicas`` is ignored).
+        autoscaling: Serve's ``autoscaling_config`` (``min_replicas``, ``max_replicas``,
+            ``initial_replicas``, ``target_ongoing_requests``, ``upscale_delay_s``...): the
+            replica count follows the requests in flight instead of ``replicas``.
         engine_options: :func:`pagedattn.engine.llm.engine_config` keywords, ``kv_store``
             (the tier every replica shares) included.
 
     Raises:
-        ValueError: an unknown router, fewer than one replica.
+        ValueError: an unknown router, fewer than one replica, both ``replicas`` and
+            ``autoscaling``, an autoscaling option Serve does not know or a bad value.
     """
     if router not in ROUTERS:
         raise ValueError(f"router: expected one of {', '.join(ROUTERS)}, got {router!r}")
+    if autoscaling is not None and replicas is not None:
+        raise ValueError(
+            "replicas: give either a fixed number of replicas or autoscaling "
+            "(min_replicas / max_replicas), not both"
+        )
+    replicas = 2 if replicas is None else replicas
     if replicas < 1:
         raise ValueError(f"replicas: expected >= 1, got {replicas}")
     names = served_model_name or [default_model_name(model)]
@@ -72,7 +109,9 @@ def build_cluster_app(
     kwargs = {"max_load_spread": max_load_spread} if router == "prefix" else {}
     threads = str(replica_threads)
     scaling: dict[str, Any] = (
-        {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
+        {"num_replicas": replicas}
+        if autoscaling is None
+        else {"autoscaling_config": autoscaling_config(autoscaling)}
     )
     router_config: Any = RequestRouterConfig
     engine = cast(Any, serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT)).options(
@@ -116,10 +155,35 @@ def run_cluster(
 ) -> Any:
     """Start ``app`` behind Serve's HTTP proxy on ``host:port``: on the Ray cluster at
     ``ray_address`` (``auto``: the one on this machine), else on a new local one. Returns the
-    ingress handle when not ``blocking``."""
+    ingress handle when not ``blocking``.
+
+    ``blocking`` serves until SIGINT or SIGTERM, then removes what it started: the application
+    from an existing cluster, or Serve and the whole local Ray cluster (replicas included)."""
     import ray
 
+    own_ray = not ray.is_initialized() and ray_address is None
     if not ray.is_initialized():
         ray.init(address=ray_address)
-    serve.start(http_options={"host": host, "port": port})
-    return serve.run(app, name=APP_NAME, route_prefix="/", blocking=blocking)
+    if not blocking:
+        serve.start(http_options={"host": host, "port": port})
+        return serve.run(app, name=APP_NAME, route_prefix="/")
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if own_ray:
+            serve.shutdown()  # type: ignore[no-untyped-call]
+            ray.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    return None
