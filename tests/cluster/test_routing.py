@@ -119,3 +119,53 @@ def test_metrics_show_each_replica_and_the_router(cluster: Cluster) -> None:
     )
     assert total >= 20
     assert m["pagedattn:router_matched_pages_total"] > 0
+
+
+def test_the_load_generator_runs_unchanged_against_the_cluster(cluster: Cluster) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    load = Path(__file__).resolve().parents[2] / "benchmarks" / "online" / "load.py"
+    args = ["--url", cluster.url, "--rates", "inf", "--concurrency", "4"]
+    args += ["--num-requests", "8", "--max-tokens", "6"]
+    time.sleep(1.5)  # earlier tests' counters reach /metrics (0.5 s reports)
+    before = cluster.metrics()
+    done = subprocess.run(
+        [sys.executable, str(load), *args], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    assert "8/8" in done.stdout and "failed" not in done.stdout, done.stdout
+    time.sleep(1.5)  # the replicas' counters reach /metrics
+    after = cluster.metrics()
+
+    def generated(m: dict[str, float]) -> float:
+        return sum(v for k, v in m.items() if k.startswith("pagedattn:generation_tokens_total{"))
+
+    assert generated(after) - generated(before) == 8 * 6
+
+
+def test_the_dashboard_queries_only_families_the_ingress_exposes(cluster: Cluster) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pagedattn-dashboard.json"
+    dashboard = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exposed = set()  # every family's sample names, those without samples yet included
+    for family in text_string_to_metric_families(httpx.get(f"{cluster.url}/metrics").text):
+        exposed |= {family.name + x for x in ("", "_total", "_bucket", "_sum", "_count")}
+    used = {m for e in exprs for m in re.findall(r"pagedattn:[a-z0-9_]+", e)}
+    assert used - exposed == set()
+    assert any(m.startswith("pagedattn:router_") for m in used)
+    replica = next(v for v in dashboard["templating"]["list"] if v["name"] == "replica")
+    query = replica["query"]["query"]
+    assert query.startswith("label_values(") and query.endswith(", replica)"), query
+    # every replica family's query filters on the template variable and keeps the label
+    for e in exprs:
+        if re.search(r"pagedattn:(?!router_|ingress_)", e):
+            assert 'replica=~"$replica"' in e, e
+            assert "sum(" not in e.replace("sum(rate(pagedattn:router", ""), e
