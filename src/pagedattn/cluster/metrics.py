@@ -1,5 +1,6 @@
 """ClusterMetrics: the ingress's ``/metrics``: every replica's families, labelled by replica,
-plus the router's counters and the requests the ingress refused.
+plus the router's counters, the requests the ingress refused and those it ended with an
+unexpected 500.
 
 Each replica's Prometheus text arrives with its routing report (see
 :mod:`pagedattn.cluster.replica`), so it is at most one report period old. A family keeps the
@@ -71,6 +72,12 @@ class _Collector(Collector):
         for reason, n in sorted(self.owner.rejected.items()):
             rejected.add_metric([reason], n)
         yield rejected
+        unexpected = CounterMetricFamily(
+            "pagedattn:ingress_unexpected_errors",
+            "Requests or streams the ingress ended with an unexpected 500.",
+        )
+        unexpected.add_metric([], self.owner.unexpected)
+        yield unexpected
 
 
 class ClusterMetrics:
@@ -84,11 +91,16 @@ class ClusterMetrics:
     def __init__(self, sources: Callable[[], tuple[dict[str, str], RouterCounters | None]]) -> None:
         self.sources = sources
         self.rejected: Counter[str] = Counter()
+        self.unexpected = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
     def count_rejection(self, reason: str) -> None:
         self.rejected[reason] += 1
+
+    def count_unexpected(self, exc: BaseException) -> None:
+        """One request (or stream) the ingress ended with an unexpected 500."""
+        self.unexpected += 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
