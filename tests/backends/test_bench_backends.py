@@ -45,7 +45,7 @@ def test_bench_generate_measures_each_backend_in_one_run(
     out = tmp_path / "gen.json"
     args = ["bench", "generate", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--prompt-len", "40", "--output-len", "6", "--repeats", "1", "--threads", "1",
-            "--no-hf", "--backend", "numpy,torch", "--json", str(out)]  # fmt: skip
+            "--backend", "numpy,torch", "--json", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "ours per backend" in result.stdout and "torch/cpu / numpy/cpu" in result.stdout
@@ -64,7 +64,7 @@ def test_bench_engine_measures_each_backend_in_one_run(
     out = tmp_path / "engine.json"
     args = ["bench", "engine", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
             "--num-requests", "4", "--min-prompt-len", "20", "--max-prompt-len", "40",
-            "--output-len", "4", "--threads", "1", "--no-hf", "--no-shared-prefix",
+            "--output-len", "4", "--threads", "1", "--no-shared-prefix",
             "--backend", "numpy", "--backend", "torch", "--json", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
