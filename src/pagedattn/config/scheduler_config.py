@@ -1,0 +1,107 @@
+"""SchedulerConfig: continuous-batching limits and speculative decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Draft-free speculative decoding methods (None = off): "ngram" proposes the tokens that followed
+# the latest earlier occurrence of the sequence's last n tokens (prompt lookup).
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits (vLLM's ``SchedulerConfig``).
+
+    Attributes:
+        max_num_seqs: most sequences in one step, >= 1.
+        max_num_batched_tokens: most new tokens in one step (the token budget), >= 1.
+        enable_chunked_prefill: split a prompt longer than the remaining budget into chunks;
+            when off a prompt is prefilled in one step, so it must fit the budget whole.
+        long_prefill_token_threshold: the chunk size of chunked prefill: a prompt is computed
+            in chunks ending at multiples of this many tokens (or at its end), at most one chunk
+            per step, so a long prompt never takes more than this many tokens of a step from
+            the running streams (vLLM's ``long_prefill_token_threshold``), and its chunk
+            boundaries depend only on its own length and this number, never on what else is
+            scheduled (one exception: under page pressure the newest sequence may cut a chunk
+            short instead of being preempted). None = ``max(1, max_num_batched_tokens // 4)``;
+            must not exceed ``max_num_batched_tokens``.
+        max_model_len: most tokens (prompt + generated) in one request. None = the model's
+            ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
+            otherwise (a window bounds memory; positions past the context extrapolate RoPE in
+            absolute mode and stay inside the cache in shifted mode).
+        speculative: None (off) or ``"ngram"``: each decoding sequence may propose up to
+            ``num_speculative_tokens`` tokens by n-gram lookup in its own prompt and output,
+            verified in the same step as extra decode rows (:mod:`pagedattn.engine.spec`);
+            tokens and logprobs are bitwise those of plain decoding.
+        num_speculative_tokens: most tokens one sequence drafts per step, in [1, 64] (the
+            per-request number adapts to its acceptance, up to this).
+        ngram_min, ngram_max: the n-gram lengths looked up, longest first, 1 <= min <= max <= 16.
+        speculative_token_share: drafts are added only while the step's tokens, drafts
+            included, stay within this share of ``max_num_batched_tokens`` (in (0, 1]): a large
+            batch already reads each weight once for many rows, so drafts would only add work.
+
+    Raises:
+        ValueError: a value outside the ranges above, naming the field.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+    speculative_token_share: float = 1 / 32
+
+    def __post_init__(self) -> None:
+        self._check_speculative()
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{field}: expected an int >= 1, got {value!r}")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(
+                f"SchedulerConfig.max_model_len: expected None or >= 1, got {self.max_model_len!r}"
+            )
+        t = self.long_prefill_token_threshold
+        if t is not None and (not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens):
+            raise ValueError(
+                "SchedulerConfig.long_prefill_token_threshold: expected None or an int in "
+                f"[1, max_num_batched_tokens={self.max_num_batched_tokens}], got {t!r}"
+            )
+
+    def _check_speculative(self) -> None:
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"SchedulerConfig.speculative: expected None or one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative!r}"
+            )
+        ints = {"num_speculative_tokens": 64, "ngram_min": 16, "ngram_max": 16}
+        for field, most in ints.items():
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise ValueError(
+                    f"SchedulerConfig.{field}: expected an int in [1, {most}], got {value!r}"
+                )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"SchedulerConfig.ngram_min: expected <= ngram_max ({self.ngram_max}), "
+                f"got {self.ngram_min}"
+            )
+        share = self.speculative_token_share
+        if not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+            raise ValueError(
+                f"SchedulerConfig.speculative_token_share: expected a float in (0, 1], "
+                f"got {share!r}"
+            )
+
+    @property
+    def prefill_chunk_size(self) -> int:
+        """The resolved ``long_prefill_token_threshold`` (tokens)."""
+        t = self.long_prefill_token_threshold
+        return max(1, self.max_num_batched_tokens // 4) if t is None else t
