@@ -17,7 +17,7 @@ import numba
 import numpy as np
 
 from pagedattn.kernels.kv_dtype import kernel_cache, load_f32
-from pagedattn.kernels.paged import F32Array
+from pagedattn.kernels.paged import F32Array, paged_attention_decode
 from pagedattn.kernels.paged_checks import IntArray, check_array, check_caches, int_array
 
 
@@ -124,4 +124,46 @@ def page_attention_mass(
         num_sink_tokens,
         out,
     )
+    return out
+
+
+def decode_adding_page_mass(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    page_tables: np.ndarray,
+    context_lens: np.ndarray,
+    *,
+    sliding_window: int | None,
+    num_sink_tokens: int,
+    q_sink: np.ndarray | None,
+    attention_mass: np.ndarray,
+) -> np.ndarray:
+    """Decode attention (:func:`pagedattn.kernels.paged.paged_attention_decode`, the default
+    path's kernel and splits) that also adds to ``attention_mass`` (float32, the shape of
+    ``page_tables``) the softmax mass each page's keys received, summed over heads
+    (:func:`page_attention_mass`). Returns the attention output (num_seqs, num_heads,
+    head_dim)."""
+    attn, lse = paged_attention_decode(
+        q,
+        k_cache,
+        v_cache,
+        page_tables,
+        context_lens,
+        sliding_window=sliding_window,
+        num_sink_tokens=num_sink_tokens,
+        q_sink=q_sink,
+        return_lse=True,
+    )
+    attention_mass += page_attention_mass(
+        q,
+        k_cache,
+        page_tables,
+        context_lens,
+        lse,
+        sliding_window=sliding_window,
+        num_sink_tokens=num_sink_tokens,
+        q_sink=q_sink,
+    )
+    out: np.ndarray = attn
     return out

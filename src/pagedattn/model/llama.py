@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pagedattn.config import ModelConfig
-from pagedattn.kernels.attention_mass import page_attention_mass
+from pagedattn.kernels.attention_mass import decode_adding_page_mass
 from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache
-from pagedattn.kernels.paged import paged_attention_decode
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
@@ -196,44 +195,6 @@ class LlamaModel:
                 f"got {kv.dtype} {kv.shape}"
             )
 
-    @staticmethod
-    def _decode_with_mass(
-        batch: ForwardBatch,
-        q: np.ndarray,
-        q_sink: np.ndarray | None,
-        k_cache: np.ndarray,
-        v_cache: np.ndarray,
-        attention_mass: np.ndarray,
-    ) -> np.ndarray:
-        """Decode attention (the same kernel and splits as the default path) that also adds to
-        ``attention_mass`` (float32 ``batch.page_tables.shape``) the softmax mass each page's
-        keys received, summed over heads (:mod:`pagedattn.kernels.attention_mass`); ``batch``
-        is a decode step (checked by :meth:`forward`).
-        """
-        attn, lse = paged_attention_decode(
-            q,
-            k_cache,
-            v_cache,
-            batch.page_tables,
-            batch.context_lens,
-            sliding_window=batch.sliding_window,
-            num_sink_tokens=batch.num_sink_tokens,
-            q_sink=q_sink,
-            return_lse=True,
-        )  # (T, nh, D), (T, nh)
-        attention_mass += page_attention_mass(
-            q,
-            k_cache,
-            batch.page_tables,
-            batch.context_lens,
-            lse,
-            sliding_window=batch.sliding_window,
-            num_sink_tokens=batch.num_sink_tokens,
-            q_sink=q_sink,
-        )  # (num_seqs, max_pages_per_seq)
-        out: np.ndarray = attn
-        return out
-
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """(T, H) float32 embedding rows of ``ids``."""
         if isinstance(self.embed, BlockQuantized):
@@ -349,9 +310,11 @@ class LlamaModel:
             if attention_mass is None:
                 attn = split.attention(q_rot, q_sink, k_cache, v_cache)  # (T, nh, D)
             else:  # opt-in (eval lab): a decode step that also reports the mass per page
-                attn = self._decode_with_mass(
-                    batch, q_rot, q_sink, k_cache, v_cache, attention_mass
-                )
+                attn = decode_adding_page_mass(
+                    q_rot, k_cache, v_cache, batch.page_tables, batch.context_lens,
+                    sliding_window=batch.sliding_window, num_sink_tokens=batch.num_sink_tokens,
+                    q_sink=q_sink, attention_mass=attention_mass,
+                )  # fmt: skip
             x += qmatmul(attn.reshape(T, nh * D), layer.o, activations=act_mode)  # (T, H)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)  # (T, H)
             gate_up = qmatmul(h, *layer.gate_up, activations=act_mode)  # (T, 2 I)
