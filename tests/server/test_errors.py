@@ -34,7 +34,7 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("empty-prompt", "/v1/completions", {**GOOD, "prompt": ""}, 400, "prompt", None),
     ("empty-token-list", "/v1/completions", {**GOOD, "prompt": []}, 400, "prompt", None),
     ("token-out-of-vocab", "/v1/completions", {**GOOD, "prompt": [5, 99999]}, 400, "prompt", None),
-    ("two-prompts", "/v1/completions", {**GOOD, "prompt": ["a", "b"]}, 400, "prompt", None),
+    ("mixed-prompts", "/v1/completions", {**GOOD, "prompt": ["a", [5, 6]]}, 400, "prompt", None),
     ("max-tokens-0", "/v1/completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
     (
         "max-completion-tokens-0",

@@ -7,8 +7,8 @@ downloaded).
   equals the score computed here from those responses.
 - ``local-completions`` runs the multiple-choice task by loglikelihood (echo + logprobs, which
   the engine side provides): per-item loglikelihoods equal lm-eval's own ``hf`` model on the
-  same weights within 1e-3 and the accuracy is identical. Skipped while the server refuses
-  ``echo``.
+  same weights within 1e-3 and the accuracy is identical, one prompt per request and several
+  (lm-eval's ``batch_size``). Skipped while the server refuses ``echo``.
 """
 
 from __future__ import annotations
@@ -121,8 +121,9 @@ def server_has_echo(srv: RunningServer) -> bool:
 
 
 @pytest.mark.hf
+@pytest.mark.parametrize("batch_size", [1, 4])
 def test_loglikelihood_through_local_completions_equals_hf(
-    server: RunningServer, tiny_model_dir: Path, task_dir: Path
+    server: RunningServer, tiny_model_dir: Path, task_dir: Path, batch_size: int
 ) -> None:
     if not server_has_echo(server):
         pytest.skip("the server refuses echo + logprobs (engine side not merged)")
@@ -131,7 +132,8 @@ def test_loglikelihood_through_local_completions_equals_hf(
         task_dir,
         "pagedattn_cloze",
         "local-completions",
-        f"model=tiny-llama,base_url={url},tokenizer_backend=remote,max_retries=1",
+        f"model=tiny-llama,base_url={url},tokenizer_backend=remote,max_retries=1,"
+        f"batch_size={batch_size}",  # batch_size > 1: several prompts per request
     )
     hf = evaluate(
         task_dir,

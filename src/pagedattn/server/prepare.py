@@ -24,6 +24,7 @@ from typing import Any
 import pagedattn.server.protocol as p
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
+from pagedattn.server.batch_prompts import prompts_of
 from pagedattn.server.chat_prompt import chat_prompt_ids
 from pagedattn.server.errors import APIError, value_error
 from pagedattn.server.limits import RequestLimits
@@ -110,16 +111,20 @@ class RequestPreparer:
         except ValueError as exc:
             raise value_error(exc) from exc
 
-    def completion(self, req: p.CompletionRequest) -> Prepared:
-        """Validate a completions request. Raises APIError."""
+    def completion(
+        self, req: p.CompletionRequest, prompt: str | list[int] | None = None
+    ) -> Prepared:
+        """Validate a completions request for one prompt: ``prompt`` (one of the request's
+        several, :mod:`pagedattn.server.batch_prompts`), else the request's only one. Raises
+        APIError."""
         self.check_common(req)
-        prompt: Any = req.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
+        if prompt is None:
+            prompts = prompts_of(req.prompt)
+            if len(prompts) != 1:
                 raise APIError(
-                    400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt"
+                    400, f"prompt: expected one prompt, got {len(prompts)}", param="prompt"
                 )
-            prompt = prompt[0]
+            prompt = prompts[0]
         if isinstance(prompt, str):
             self.limits.check_prompt_bytes(prompt, "prompt")
         try:

@@ -16,10 +16,17 @@ import pagedattn.server.protocol as p
 from pagedattn.engine.llm import merge_delta
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import REJECTIONS, RequestOutput
+from pagedattn.server.batch_prompts import (
+    batch_completion_response,
+    collect_all,
+    prepare_prompts,
+)
+from pagedattn.server.batch_sse import batch_sse_events
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body
 from pagedattn.server.prepare import RequestPreparer
+from pagedattn.server.prepared import Prepared
 from pagedattn.server.responses import chat_response, completion_response
 from pagedattn.server.served_model import ServedModel
 from pagedattn.server.sse import failure_of, sse_events
@@ -72,27 +79,23 @@ class OpenAIServing:
         # block the event loop (tokenising releases the GIL: it stalls no other thread)
         try:
             if isinstance(req, p.ChatCompletionRequest):
-                prepared = await run_in_threadpool(self.prepare.chat, req)
+                batch = [await run_in_threadpool(self.prepare.chat, req)]
             else:
-                prepared = await run_in_threadpool(self.prepare.completion, req)
-            tool_spec = prepared.tools.spec if prepared.tools is not None else None
-            processors = await run_in_threadpool(self.structured.processors, req, tool_spec)
+                batch = await run_in_threadpool(prepare_prompts, req, self.prepare.completion)
+            batch = [await run_in_threadpool(self._constrained, req, pr) for pr in batch]
         except APIError as exc:
             metrics = self.async_engine.metrics
             if exc.code in REJECTIONS and metrics is not None:
                 metrics.count_rejection(exc.code)
             raise
-        if processors:
-            params = prepared.params
-            params = dataclasses.replace(
-                params, logits_processors=(*params.logits_processors, *processors)
-            )
-            prepared = dataclasses.replace(prepared, params=params)
         model_name = req.model or self.served.name
         self.async_engine.start()
         if not self.async_engine.is_running:
             raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
         request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
+        if len(batch) > 1:
+            return await self._respond_batch(raw, req, batch, request_id, model_name, arrival_time)
+        prepared = batch[0]
         outputs = self.async_engine.generate(
             prepared.prompt_token_ids, prepared.params, request_id, arrival_time
         )
@@ -119,6 +122,62 @@ class OpenAIServing:
         _raise_failure(final)
         build = chat_response if chat else completion_response
         response = build(final, request_id, model_name, prepared, self.token_text)
+        return JSONResponse(p.dump(response))
+
+    def _constrained(
+        self, req: p.CompletionRequest | p.ChatCompletionRequest, prepared: Prepared
+    ) -> Prepared:
+        """``prepared`` with the logits processors of its structured output (a fresh one per
+        prompt: a processor holds its request's grammar state). Blocking. Raises APIError."""
+        tool_spec = prepared.tools.spec if prepared.tools is not None else None
+        processors = self.structured.processors(req, tool_spec)
+        if not processors:
+            return prepared
+        params = prepared.params
+        params = dataclasses.replace(
+            params, logits_processors=(*params.logits_processors, *processors)
+        )
+        return dataclasses.replace(prepared, params=params)
+
+    async def _respond_batch(
+        self,
+        raw: Request,
+        req: p.CompletionRequest | p.ChatCompletionRequest,
+        batch: list[Prepared],
+        request_id: str,
+        model_name: str,
+        arrival_time: float,
+    ) -> JSONResponse | StreamingResponse:
+        """Answer a completions request with several prompts
+        (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt."""
+        streams = [
+            self.async_engine.generate(
+                pr.prompt_token_ids, pr.params, f"{request_id}-{k}", arrival_time
+            )
+            for k, pr in enumerate(batch)
+        ]
+        if req.stream:
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            metrics = self.async_engine.metrics
+            body = batch_sse_events(
+                streams,
+                batch,
+                request_id,
+                model_name,
+                usage,
+                self.token_text,
+                on_unexpected=None if metrics is None else metrics.count_unexpected,
+            )
+            return StreamingResponse(body, media_type="text/event-stream")
+        try:
+            finals = await collect_all(raw.is_disconnected, streams)
+        except EngineDeadError as exc:
+            raise _unavailable(exc) from exc
+        if finals is None:  # the client went away; every prompt's request was aborted
+            return JSONResponse(error_body(499, "client disconnected"), status_code=499)
+        for final in finals:
+            _raise_failure(final)
+        response = batch_completion_response(finals, batch, request_id, model_name, self.token_text)
         return JSONResponse(p.dump(response))
 
     def token_text(self, token_id: int) -> str:
