@@ -7,7 +7,9 @@ Request rules (each violation is a 400 with an OpenAI error body, before the eng
   ``stream_options`` only with ``stream: true`` (as OpenAI).
 - completions ``logprobs: N`` (0..20) and ``echo`` (the prompt's text, and with ``logprobs``
   its tokens' logprobs, the first null, before the generated ones); chat ``logprobs: true`` with
-  ``top_logprobs`` 0..20 (``top_logprobs`` needs ``logprobs``).
+  ``top_logprobs`` 0..20 (``top_logprobs`` needs ``logprobs``); ``prompt_logprobs`` 0..20, not
+  streamed (:mod:`pagedattn.server.prompt_logprobs`); chat ``echo`` puts the last message's
+  content before each reply when that message is the assistant's (vLLM's rule), else nothing.
 - prompt size, ``max_tokens``, context length and KV pool: :mod:`pagedattn.server.limits`.
 - ``logit_bias`` keys and ``stop_token_ids`` must be ids inside the tokenizer's vocabulary.
 - sampling values out of range (temperature < 0, top_p outside (0, 1], negative seed, empty
@@ -70,6 +72,17 @@ class RequestPreparer:
                 raise APIError(400, f"{name}: expected 1..{MAX_CHOICES}, got {value}", param=name)
         if req.stream and best_of is not None and best_of > req.n:
             raise APIError(400, "best_of: cannot stream when best_of > n", param="best_of")
+        if req.prompt_logprobs is not None:
+            if not 0 <= req.prompt_logprobs <= 20:
+                raise APIError(
+                    400,
+                    f"prompt_logprobs: expected 0..20, got {req.prompt_logprobs}",
+                    param="prompt_logprobs",
+                )
+            if req.stream:
+                raise APIError(
+                    400, "prompt_logprobs: not supported when streaming", param="prompt_logprobs"
+                )
         if req.stream_options is not None and not req.stream:
             raise APIError(
                 400,
@@ -138,12 +151,12 @@ class RequestPreparer:
             max_tokens,
             best_of=req.best_of,
             logprobs=req.logprobs,
-            prompt_logprobs=req.logprobs if req.echo else None,
+            prompt_logprobs=_most(req.logprobs if req.echo else None, req.prompt_logprobs),
         )
         echo_text = None
         if req.echo:
             echo_text = prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(ids)
-        return Prepared(ids, params, echo_text, req.logprobs)
+        return Prepared(ids, params, echo_text, req.logprobs, prompt_logprobs=req.prompt_logprobs)
 
     def chat(self, req: p.ChatCompletionRequest) -> Prepared:
         """Validate a chat request and render it with the chat template. Raises APIError."""
@@ -162,8 +175,15 @@ class RequestPreparer:
 
         ids = chat_prompt_ids(req, self.engine.tokenizer, check)
         max_tokens = self.limits.resolve_max_tokens(req, len(ids), self.default_max_tokens)
-        params = self.params(req, max_tokens, logprobs=num_top)
-        return Prepared(ids, params, None, num_top, tools)
+        params = self.params(req, max_tokens, logprobs=num_top, prompt_logprobs=req.prompt_logprobs)
+        last = req.messages[-1]
+        echo_text = last.text() if req.echo and last.role == "assistant" else None
+        return Prepared(ids, params, echo_text, num_top, tools, req.prompt_logprobs)
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    """The larger of two optional counts (None when both are None)."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:

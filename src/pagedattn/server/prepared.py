@@ -16,10 +16,13 @@ class Prepared:
     """A validated request: prompt ids, sampling parameters, and how to answer.
 
     Attributes:
-        echo_text: the prompt's text to put before each choice's text (completions ``echo``),
+        echo_text: the text to put before each choice's text (completions ``echo``: the
+            prompt's; chat ``echo``: the last message's content when it is the assistant's),
             else None.
         num_top: alternatives per token in the response's logprobs; None = no logprobs.
         tools: how a chat request calls tools (:mod:`pagedattn.server.tools`), else None.
+        prompt_logprobs: alternatives per prompt token in the response's ``prompt_logprobs``
+            (:mod:`pagedattn.server.prompt_logprobs`); None = not asked.
     """
 
     prompt_token_ids: list[int]
@@ -27,3 +30,4 @@ class Prepared:
     echo_text: str | None = None
     num_top: int | None = None
     tools: ToolPlan | None = None
+    prompt_logprobs: int | None = None

@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pagedattn.server.prompt_logprobs import PromptLogprobs
 from pagedattn.server.request_base import OpenAIRequest
+from pagedattn.server.structured_outputs import StructuredOutputs
 
 
 def random_id(prefix: str) -> str:
@@ -94,6 +96,9 @@ class SamplingFields(OpenAIRequest):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # the prompt's own logprobs (vLLM's format; server/prompt_logprobs.py)
+    prompt_logprobs: int | None = None
     # informational: accepted, never change the output
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -145,6 +150,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+    echo: bool = False  # the last message's content before the reply, when it is the assistant's
     # chat template (vLLM's extensions; server/chat_prompt.py)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -205,6 +211,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -284,6 +291,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatDelta(BaseModel):

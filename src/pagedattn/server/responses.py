@@ -8,6 +8,7 @@ import pagedattn.server.protocol as p
 from pagedattn.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedattn.server.logprobs import chat_logprobs, completion_logprobs
 from pagedattn.server.prepared import Prepared
+from pagedattn.server.prompt_logprobs import PromptLogprobs, prompt_logprobs_of
 from pagedattn.server.tool_replies import finish_reason_of, reply_of
 
 openai_finish_reason = finish_reason_of  # OpenAI's finish reason of a choice
@@ -57,6 +58,24 @@ def completion_choice(
         logprobs=logprobs,
         finish_reason=openai_finish_reason(c) if finish else None,
         stop_reason=c.stop_reason if finish else None,
+        prompt_logprobs=asked_prompt_logprobs(out, prepared, decode) if with_prompt else None,
+    )
+
+
+def asked_prompt_logprobs(
+    out: RequestOutput, prepared: Prepared, decode: Callable[[int], str]
+) -> PromptLogprobs | None:
+    """The request's ``prompt_logprobs`` when it asked for them, else None.
+
+    Raises:
+        ValueError: asked, but the output has no prompt logprobs.
+    """
+    if prepared.prompt_logprobs is None:
+        return None
+    if out.prompt_logprobs is None:
+        raise ValueError("prompt_logprobs: asked for, but the engine returned none")
+    return prompt_logprobs_of(
+        out.prompt_token_ids, out.prompt_logprobs, prepared.prompt_logprobs, decode
     )
 
 
@@ -98,6 +117,10 @@ def chat_response(
     choices = []
     for c in out.outputs:
         message, reason = reply_of(c, prepared.tools)
+        if prepared.echo_text:  # chat echo: the assistant's last message goes first
+            message = message.model_copy(
+                update={"content": prepared.echo_text + (message.content or "")}
+            )
         choices.append(
             p.ChatChoice(
                 index=c.index,
@@ -113,4 +136,5 @@ def chat_response(
         model=model,
         choices=choices,
         usage=usage_of(out, sum(len(c.token_ids) for c in out.outputs)),
+        prompt_logprobs=asked_prompt_logprobs(out, prepared, decode),
     )

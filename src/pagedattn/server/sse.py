@@ -121,6 +121,8 @@ async def sse_events(
         if chat:
             for i in range(prepared.params.n):
                 yield chat_chunk(i, p.ChatDelta(role="assistant", content=""), None, False)
+                if prepared.echo_text:  # chat echo: the assistant's last message first
+                    yield chat_chunk(i, p.ChatDelta(content=prepared.echo_text), None, False)
         num_generated = 0
         try:
             first = True

@@ -5,7 +5,8 @@ Fields (at most one per request; two is a 400):
 - OpenAI ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``
   (any JSON object), ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``.
 - vLLM ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list
-  of strings), ``guided_grammar`` (a Lark grammar, llguidance's dialect).
+  of strings), ``guided_grammar`` (a Lark grammar, llguidance's dialect), and the same under
+  their current spelling ``structured_outputs`` (:mod:`pagedattn.server.structured_outputs`).
 
 JSON is laid out as ``{"a": 1, "b": [1, 2]}`` with no other whitespace unless
 ``guided_whitespace_pattern`` (a regex, JSON kinds only) says what whitespace may appear
@@ -20,6 +21,7 @@ whose children are optional) is served.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -27,6 +29,7 @@ import pagedattn.server.protocol as p
 from pagedattn.engine.guided import GrammarCompiler, GuidedSpec
 from pagedattn.sampling_params import LogitsProcessor
 from pagedattn.server.errors import APIError
+from pagedattn.server.structured_outputs import StructuredOutputs, no_additional_properties
 
 BACKENDS = (None, "auto", "guidance", "llguidance")
 
@@ -65,6 +68,18 @@ def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
         specs.append(GuidedSpec("choice", req.guided_choice, "guided_choice"))
     if req.guided_grammar is not None:
         specs.append(GuidedSpec("grammar", req.guided_grammar, "guided_grammar"))
+    specs += structured_output_specs(req.structured_outputs)
+    ws_field, ws = "guided_whitespace_pattern", req.guided_whitespace_pattern
+    so_ws = None if req.structured_outputs is None else req.structured_outputs.whitespace_pattern
+    if so_ws is not None:
+        if ws is not None:
+            raise APIError(
+                400,
+                "structured_outputs.whitespace_pattern: give it or guided_whitespace_pattern, "
+                "not both",
+                param="structured_outputs.whitespace_pattern",
+            )
+        ws_field, ws = "structured_outputs.whitespace_pattern", so_ws
     if len(specs) > 1:
         names = ", ".join(s.field for s in specs)
         raise APIError(
@@ -73,23 +88,69 @@ def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
             param=specs[1].field,
         )
     if not specs:
-        if req.guided_whitespace_pattern is not None:
-            raise APIError(
-                400,
-                "guided_whitespace_pattern: needs a JSON constraint",
-                param="guided_whitespace_pattern",
-            )
+        if ws is not None:
+            raise APIError(400, f"{ws_field}: needs a JSON constraint", param=ws_field)
         return None
     spec = specs[0]
-    if req.guided_whitespace_pattern is None:
+    if ws is None:
         return spec
     if spec.kind not in ("json", "json_object"):
         raise APIError(
             400,
-            f"guided_whitespace_pattern: only applies to JSON output, not {spec.field}",
-            param="guided_whitespace_pattern",
+            f"{ws_field}: only applies to JSON output, not {spec.field}",
+            param=ws_field,
         )
-    return GuidedSpec(spec.kind, spec.value, spec.field, req.guided_whitespace_pattern)
+    return GuidedSpec(spec.kind, spec.value, spec.field, ws)
+
+
+FIELD = "structured_outputs"
+
+
+def structured_output_specs(fields: StructuredOutputs | None) -> list[GuidedSpec]:
+    """The constraints ``structured_outputs`` asks for (each :class:`GuidedSpec` names its
+    sub-field, e.g. ``structured_outputs.json``); whitespace is applied by the caller.
+
+    Raises:
+        APIError: 400 for ``structural_tag``, a JSON schema given as text that is not JSON,
+            or ``disable_additional_properties`` without a JSON schema.
+    """
+    if fields is None:
+        return []
+    if fields.structural_tag is not None:
+        raise APIError(
+            400,
+            f"{FIELD}.structural_tag: not supported (tool calls with tool_choice 'auto' "
+            "are served; send json, regex, choice or grammar)",
+            param=f"{FIELD}.structural_tag",
+        )
+    specs = []
+    if fields.json_schema is not None:
+        schema: Any = fields.json_schema
+        if fields.disable_additional_properties:
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as exc:
+                    raise APIError(
+                        400, f"{FIELD}.json: not a JSON schema: {exc}", param=f"{FIELD}.json"
+                    ) from exc
+            schema = no_additional_properties(schema)
+        specs.append(GuidedSpec("json", schema, f"{FIELD}.json"))
+    elif fields.disable_additional_properties:
+        raise APIError(
+            400,
+            f"{FIELD}.disable_additional_properties: needs a JSON schema ({FIELD}.json)",
+            param=f"{FIELD}.disable_additional_properties",
+        )
+    if fields.regex is not None:
+        specs.append(GuidedSpec("regex", fields.regex, f"{FIELD}.regex"))
+    if fields.choice is not None:
+        specs.append(GuidedSpec("choice", fields.choice, f"{FIELD}.choice"))
+    if fields.grammar is not None:
+        specs.append(GuidedSpec("grammar", fields.grammar, f"{FIELD}.grammar"))
+    if fields.json_object:
+        specs.append(GuidedSpec("json_object", None, f"{FIELD}.json_object"))
+    return specs
 
 
 class StructuredOutput:
