@@ -24,6 +24,7 @@ def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -
             ("GET", "/metrics"),
             ("POST", "/v1/completions"),
             ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/responses"),
         ]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}]:
                 r = httpx.request(method, srv.url + path, headers=headers, json={})

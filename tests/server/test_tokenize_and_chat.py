@@ -233,9 +233,14 @@ def test_several_served_names(aliased: RunningServer) -> None:
 
 def test_deploy_readme_lists_every_request_field() -> None:
     from pagedattn.server import protocol as p
+    from pagedattn.server.responses_api import ResponsesRequest
+    from pagedattn.server.structured_outputs import StructuredOutputs
 
     readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
     table = readme[readme.index("### Request fields") : readme.index("### Structured output")]
-    for model in (p.CompletionRequest, p.ChatCompletionRequest):
-        for name in model.model_fields:
-            assert f"`{name}`" in table, name
+    for model in (p.CompletionRequest, p.ChatCompletionRequest, StructuredOutputs):
+        for name, info in model.model_fields.items():
+            assert f"`{info.alias or name}`" in table, name
+    responses = readme[readme.index("### Responses API") : readme.index("### Structured output")]
+    for name in ResponsesRequest.model_fields:
+        assert f"`{name}`" in responses, name

@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible routes, health, Prometheus metrics.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
-server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``GET /health`` and
+server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``POST /v1/responses``
+(OpenAI's Responses API for text, :mod:`pagedattn.server.responses_api`), ``GET /health`` and
 ``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
 and ``GET /version`` (:mod:`pagedattn.server.tokenize`). With an API key every route but
 ``/health`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an OpenAI error
@@ -26,6 +27,8 @@ from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
 from pagedattn.server.metrics import ServerMetrics
+from pagedattn.server.responses_api import ResponsesRequest
+from pagedattn.server.responses_stream import ResponsesServing
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
 
@@ -161,6 +164,15 @@ def create_app(
     ) -> JSONResponse | StreamingResponse:
         """OpenAI chat completions (the model's chat template renders the conversation)."""
         return await serving.respond(raw, request)
+
+    responses = ResponsesServing(serving)
+
+    @app.post("/v1/responses", dependencies=auth, response_model=None, responses=_ERRORS)
+    async def create_response(
+        request: ResponsesRequest, raw: Request
+    ) -> JSONResponse | StreamingResponse:
+        """OpenAI Responses API: text in, text out (:mod:`pagedattn.server.responses_api`)."""
+        return await responses.respond(raw, request)
 
     add_tokenizer_routes(app, serving.served, auth, _ERRORS)
     return app

@@ -82,7 +82,7 @@ class OpenAIServing:
                 batch = [await run_in_threadpool(self.prepare.chat, req)]
             else:
                 batch = await run_in_threadpool(prepare_prompts, req, self.prepare.completion)
-            batch = [await run_in_threadpool(self._constrained, req, pr) for pr in batch]
+            batch = [await run_in_threadpool(self.constrained, req, pr) for pr in batch]
         except APIError as exc:
             metrics = self.async_engine.metrics
             if exc.code in REJECTIONS and metrics is not None:
@@ -124,7 +124,7 @@ class OpenAIServing:
         response = build(final, request_id, model_name, prepared, self.token_text)
         return JSONResponse(p.dump(response))
 
-    def _constrained(
+    def constrained(
         self, req: p.CompletionRequest | p.ChatCompletionRequest, prepared: Prepared
     ) -> Prepared:
         """``prepared`` with the logits processors of its structured output (a fresh one per
