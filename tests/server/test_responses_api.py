@@ -176,7 +176,8 @@ def test_text_format_json_object(client: Any) -> None:
     ("body", "param"),
     [
         ({"previous_response_id": "resp_x"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"input": [{"role": "user", "content": [IMAGE]}]}, "input"),
@@ -187,7 +188,8 @@ def test_text_format_json_object(client: Any) -> None:
     ],
     ids=[
         "previous",
-        "tools",
+        "web-search",
+        "auto-without-format",
         "unknown",
         "max-0",
         "image",
@@ -202,3 +204,131 @@ def test_refusals(own_server: RunningServer, body: dict[str, Any], param: str) -
     r = httpx.post(f"{own_server.url}/v1/responses", json={**base, **body}, timeout=60)
     assert r.status_code in (400, 404), r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+# ---- tools ---------------------------------------------------------------------------------
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": WEATHER},
+    {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}},
+]
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": t["name"], "parameters": t["parameters"]}}
+    for t in TOOLS
+]
+ASK = "what is the weather in paris?"
+
+
+@pytest.mark.parametrize(
+    ("choice", "chat_choice"),
+    [
+        ("required", "required"),
+        (
+            {"type": "function", "name": "get_weather"},
+            {"type": "function", "function": {"name": "get_weather"}},
+        ),
+    ],
+    ids=["required", "named"],
+)
+def test_the_openai_client_tool_loop(client: Any, choice: Any, chat_choice: Any) -> None:
+    body = {"max_output_tokens": 80, "temperature": 0, "parallel_tool_calls": False}
+    out = client.responses.create(
+        model="tiny-llama", input=ASK, tools=TOOLS, tool_choice=choice, **body
+    )
+    calls = [o for o in out.output if o.type == "function_call"]
+    assert len(calls) == 1 and out.status == "completed"
+    call = calls[0]
+    schema = {t["name"]: t["parameters"] for t in TOOLS}[call.name]
+    jsonschema.validate(json.loads(call.arguments), schema)
+    # the chat route's call for the same conversation
+    want = _chat(
+        client,
+        [{"role": "user", "content": ASK}],
+        max_tokens=80,
+        temperature=0,
+        tools=CHAT_TOOLS,
+        tool_choice=chat_choice,
+        parallel_tool_calls=False,
+    )
+    chat_call = want.choices[0].message.tool_calls[0].function
+    assert (call.name, call.arguments) == (chat_call.name, chat_call.arguments)
+    # streamed: the same call, as function_call items and argument events
+    events = list(
+        client.responses.create(
+            model="tiny-llama", input=ASK, tools=TOOLS, tool_choice=choice, stream=True, **body
+        )
+    )
+    kinds = [e.type for e in events]
+    assert "response.output_text.delta" not in kinds
+    assert kinds[-5:] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    streamed = events[-1].response.output
+    assert [(o.type, o.name, o.arguments) for o in streamed] == [
+        ("function_call", call.name, call.arguments)
+    ]
+    assert events[-4].delta == call.arguments
+    # the tool's result goes back; the final answer is text, and equals the chat route's
+    follow = [
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 c"},
+    ]  # fmt: skip
+    final = client.responses.create(
+        model="tiny-llama", input=follow, tools=TOOLS, tool_choice="none", max_output_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    assert [o.type for o in final.output] == ["message"]
+    chat_history = [
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny, 21 c"},
+    ]
+    answer = _chat(
+        client, chat_history, max_tokens=8, temperature=0, tools=CHAT_TOOLS, tool_choice="none"
+    )
+    assert final.output_text == answer.choices[0].message.content
+    assert final.usage.input_tokens == answer.usage.prompt_tokens
+
+
+def test_parallel_calls_are_items(client: Any) -> None:
+    out = client.responses.create(
+        model="tiny-llama",
+        input=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_output_tokens=200,
+        temperature=0,
+    )
+    want = _chat(
+        client,
+        [{"role": "user", "content": ASK}],
+        max_tokens=200,
+        temperature=0,
+        tools=CHAT_TOOLS,
+        tool_choice="required",
+    )
+    got = [(o.name, o.arguments) for o in out.output if o.type == "function_call"]
+    calls = want.choices[0].message.tool_calls or []
+    assert got == [(c.function.name, c.function.arguments) for c in calls]
+    assert len({o.call_id for o in out.output if o.type == "function_call"}) == len(got)

@@ -15,14 +15,21 @@ limits, sampling and structured output of :mod:`pagedattn.server.prepare` and
   ``response.output_text.delta`` per piece of text, ``response.output_text.done``,
   ``response.content_part.done``, ``response.output_item.done``, ``response.completed``
   (:mod:`pagedattn.server.responses_stream`).
-- The answer: ``output`` holds one assistant ``message`` with one ``output_text`` part; a
-  reply cut by ``max_output_tokens`` has ``status: "incomplete"`` and
-  ``incomplete_details.reason: "max_output_tokens"``; ``usage`` counts input, cached and
-  output tokens.
+- ``tools`` (``{"type": "function", "name", "description", "parameters"}``), ``tool_choice``
+  (``"none"``, ``"auto"``, ``"required"``, ``{"type": "function", "name"}``) and
+  ``parallel_tool_calls``: the chat route's tool calling (:mod:`pagedattn.server.tools`:
+  grammar-constrained calls). A call is a ``function_call`` output item (``call_id``,
+  ``name``, ``arguments`` as JSON text); the next turn sends it back as a ``function_call``
+  input item followed by a ``function_call_output`` item (``call_id``, ``output``), which
+  reach the chat template as the assistant's ``tool_calls`` and a ``tool`` message.
+- The answer: ``output`` holds the assistant ``message`` (one ``output_text`` part; left out
+  when the reply is only calls) and the calls; a reply cut by ``max_output_tokens`` has
+  ``status: "incomplete"`` and ``incomplete_details.reason: "max_output_tokens"``; ``usage``
+  counts input, cached and output tokens.
 
 Nothing is stored (``store`` is accepted, informational): ``previous_response_id`` is a 400,
-and so are ``tools`` (send chat completions for tool calls), non-text input parts and any
-field not listed here, each naming the field.
+and so are tools other than functions, non-text input parts and any field not listed here,
+each naming the field.
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.outputs import RequestOutput
 from pagedattn.server.errors import APIError
 from pagedattn.server.request_base import OpenAIRequest
 
@@ -60,6 +66,30 @@ class InputMessage(OpenAIRequest):
     content: str | list[InputText]
 
 
+class FunctionCallItem(OpenAIRequest):
+    """A call the model made earlier (``function_call``), sent back as input."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(OpenAIRequest):
+    """The result of a call (``function_call_output``)."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem
+
+
 class TextFormat(OpenAIRequest):
     """``text.format``."""
 
@@ -80,7 +110,7 @@ class ResponsesRequest(OpenAIRequest):
     """``POST /v1/responses`` (see the module docstring)."""
 
     model: str | None = None
-    input: str | list[InputMessage]
+    input: str | list[InputItem]
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float = 1.0
@@ -121,21 +151,13 @@ def chat_request(req: ResponsesRequest) -> p.ChatCompletionRequest:
             "previous_response_id: responses are not stored; send the whole conversation as input",
             param="previous_response_id",
         )
-    if req.tools:
-        raise APIError(
-            400,
-            "tools: not served on /v1/responses; use /v1/chat/completions for tool calls",
-            param="tools",
-        )
-    if req.tool_choice not in (None, "none", "auto"):
-        raise APIError(400, "tool_choice: no tools were given", param="tool_choice")
     messages: list[dict[str, Any]] = []
     if req.instructions is not None:
         messages.append({"role": "system", "content": req.instructions})
     if isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
     else:
-        messages += [{"role": m.role, "content": _message_text(m)} for m in req.input]
+        messages += _messages(req.input)
     if not messages:
         raise APIError(400, "input: expected at least one message", param="input")
     body: dict[str, Any] = {
@@ -147,6 +169,12 @@ def chat_request(req: ResponsesRequest) -> p.ChatCompletionRequest:
     }
     if req.model is not None:
         body["model"] = req.model
+    if req.tools:
+        body["tools"] = [_chat_tool(i, t) for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        body["tool_choice"] = _chat_tool_choice(req.tool_choice)
+    if req.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
     fmt = req.text.format if req.text is not None else None
     if fmt is not None and fmt.type == "json_object":
         body["response_format"] = {"type": "json_object"}
@@ -158,6 +186,54 @@ def chat_request(req: ResponsesRequest) -> p.ChatCompletionRequest:
     return p.ChatCompletionRequest.model_validate(body)
 
 
+def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
+    """Chat messages of input items: consecutive ``function_call`` items are one assistant
+    message's ``tool_calls``, a ``function_call_output`` a ``tool`` message."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, InputMessage):
+            out.append({"role": item.role, "content": _message_text(item)})
+        elif isinstance(item, FunctionCallItem):
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+    return out
+
+
+def _chat_tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        raise APIError(
+            400,
+            f"tools[{i}]: only function tools are served ({{'type': 'function', 'name', "
+            f"'parameters'}}), got type {tool.get('type')!r}",
+            param="tools",
+        )
+    fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": fn}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise APIError(
+                400,
+                "tool_choice: expected 'none', 'auto', 'required' or {'type': 'function', "
+                "'name': ...}",
+                param="tool_choice",
+            )
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
 def renamed(exc: APIError) -> APIError:
     """An error of the rewritten chat request, naming the Responses field instead."""
     param = CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
@@ -165,75 +241,3 @@ def renamed(exc: APIError) -> APIError:
     if exc.param in CHAT_TO_RESPONSES and message.startswith(f"{exc.param}"):
         message = f"{param}{message[len(exc.param or '') :]}"
     return APIError(exc.status, message, param=param, code=exc.code)
-
-
-def usage_block(out: RequestOutput) -> dict[str, Any]:
-    """The Responses ``usage`` of a finished output."""
-    num_out = sum(len(c.token_ids) for c in out.outputs)
-    return {
-        "input_tokens": out.num_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
-        "output_tokens": num_out,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": out.num_prompt_tokens + num_out,
-    }
-
-
-def text_part(text: str) -> dict[str, Any]:
-    """An ``output_text`` content part."""
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    """The assistant ``message`` output item (no content yet when ``text`` is None)."""
-    content = [] if text is None else [text_part(text)]
-    return {
-        "type": "message",
-        "id": item_id,
-        "role": "assistant",
-        "status": status,
-        "content": content,
-    }
-
-
-def response_object(
-    req: ResponsesRequest,
-    response_id: str,
-    created_at: int,
-    model: str,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``response`` object (``status``: in_progress, completed or incomplete)."""
-    fmt = req.text.format if req.text is not None and req.text.format is not None else None
-    text_format: dict[str, Any] = {"type": "text"}
-    if fmt is not None:
-        text_format = fmt.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "model": model,
-        "status": status,
-        "error": None,
-        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "metadata": req.metadata or {},
-        "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "tool_choice": req.tool_choice or "auto",
-        "tools": [],
-        "text": {"format": text_format},
-        "store": False,
-        "usage": usage,
-    }
-
-
-def final_status(out: RequestOutput) -> str:
-    """``completed``, or ``incomplete`` when the reply hit ``max_output_tokens``."""
-    reason = out.outputs[0].finish_reason if out.outputs else None
-    return "incomplete" if reason == "length" else "completed"
