@@ -7,6 +7,7 @@ whole request before anything runs."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -225,3 +226,26 @@ def test_a_client_that_leaves_aborts_every_prompt(own_server: RunningServer, str
     assert m["pagedattn:num_requests_running"] == 0
     assert m["pagedattn:num_used_pages"] == 0
     assert m[aborted] - before == len(PROMPTS)  # none ran to its end
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_constrained_batch_equals_each_prompt_alone(client: Any, stream: bool) -> None:
+    """Each prompt gets its own grammar state: the batch's outputs are the lone ones."""
+    regex = "[a-e]{1,6}( [a-e]{1,6}){0,3}"
+    body = {"max_tokens": 24, "temperature": 1.0, "seed": 9, "n": 2}
+    extra = {"guided_regex": regex}
+    want, _ = _alone(client, PROMPTS, **body, extra_body=extra)
+    assert all(re.fullmatch(regex, w["text"]) for w in want)
+    if not stream:
+        out = client.completions.create(
+            model="tiny-llama", prompt=PROMPTS, **body, extra_body=extra
+        )
+        assert [_choice(c) for c in out.choices] == want
+        return
+    got: dict[int, str] = defaultdict(str)
+    for chunk in client.completions.create(
+        model="tiny-llama", prompt=PROMPTS, stream=True, **body, extra_body=extra
+    ):
+        for c in chunk.choices:
+            got[c.index] += c.text
+    assert [got[i] for i in range(len(want))] == [w["text"] for w in want]
