@@ -91,7 +91,7 @@ def generate(
     from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.sides import generate_args
     from pagedattn.bench.worker import compile_note
-    from pagedattn.cli.options import cli_errors
+    from pagedattn.cli.errors import cli_errors
 
     console = Console()
     with cli_errors():
@@ -186,7 +186,7 @@ def engine(
     from pagedattn.bench.cpu import cpu_line
     from pagedattn.bench.sides import engine_args
     from pagedattn.bench.worker import compile_note
-    from pagedattn.cli.options import cli_errors
+    from pagedattn.cli.errors import cli_errors
 
     console = Console()
     with cli_errors():

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pagedattn.cli import _register, options
+from pagedattn.cli import _register
+from pagedattn.cli import engine_options as options
 from pagedattn.cli.app import app
-from pagedattn.cli.options import flag_message
+from pagedattn.cli.errors import flag_message
 
 COMMANDS = [
     ["generate"], ["chat"], ["serve"], ["demo"],

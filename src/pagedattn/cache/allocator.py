@@ -1,4 +1,4 @@
-"""PageAllocator: reference counts, an O(1) LRU free queue and the prefix-hash index.
+"""PageAllocator: reference counts and an O(1) LRU free queue over the prefix-hash index.
 
 Follows vLLM v1's ``BlockPool`` (``vllm/v1/core/block_pool.py``): a page whose reference count
 drops to zero goes back to the free queue but keeps its prefix hash, so a later request with the
@@ -7,50 +7,23 @@ free page and only then drops its hash entry. One deliberate difference: a freed
 no cached prefix is queued at the LRU end, so it is reused before any cached page is evicted
 (vLLM queues every freed block at the tail).
 
-A registered page records its token ids and the registration serial of its parent page. A hit
-must match both: equal token ids (so a digest collision cannot serve another page's KV) and the
-parent serial of the page hit just before (so a page is only served after the exact page whose
-KV it was computed against).
-
-Registered is not written: a page is registered when a step reserves its slots (so requests
-of the same step can share it: one forward writes every layer's KV before any attention reads
-it) and is marked written (:meth:`PageAllocator.mark_written`) once that forward succeeded; a
-failed step's entries are taken back (:meth:`PageAllocator.unregister`) before its pages are
-released, so a free page in the index always holds written KV.
+The prefix index itself (records, serials, written flags) is
+:class:`pagedattn.cache.prefix_index.PrefixIndex`; the allocator checks references around it:
+only a referenced page is registered or unregistered, and a failed step's entries are taken
+back before its pages are released, so a free page in the index always holds written KV.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from pagedattn.cache.free_queue import FreeQueue
-from pagedattn.cache.hashing import PageHash, hash_page_tokens
+from pagedattn.cache.hashing import PageHash
+from pagedattn.cache.prefix_index import CachedPage, PrefixIndex
 
 
 class OutOfPagesError(RuntimeError):
     """No free page can be allocated under the active policy (the engine preempts on it)."""
-
-
-@dataclass(frozen=True)
-class CachedPage:
-    """What the prefix index knows about one registered page.
-
-    Attributes:
-        page_hash: chained hash of the page (16 bytes).
-        parent_hash: the previous page's hash, None for a sequence's first page.
-        token_ids: the page's exact token ids (page_size ints).
-        serial: unique, never reused registration number.
-        parent_serial: serial of the registered parent page, None for a first page.
-    """
-
-    page_hash: PageHash
-    parent_hash: PageHash | None
-    token_ids: tuple[int, ...]
-    serial: int
-    parent_serial: int | None
 
 
 class PageAllocator:
@@ -75,11 +48,8 @@ class PageAllocator:
         self.namespace = namespace
         self._queue = FreeQueue(num_pages, range(num_pages))
         self._refcount = [0] * num_pages
-        self._cached: list[CachedPage | None] = [None] * num_pages
-        self._written = [False] * num_pages  # registered pages whose KV a forward wrote
-        self._index: dict[PageHash, int] = {}
+        self._index = PrefixIndex(num_pages, namespace)
         self._num_uncached_free = num_pages
-        self._next_serial = 0
         self.num_lru_evictions = 0
 
     # ---- queries -------------------------------------------------------------------------
@@ -97,7 +67,7 @@ class PageAllocator:
     def cached_hashes(self) -> list[PageHash]:
         """The hashes of every page in the prefix index (a copy; safe to call from another
         thread while the owner mutates the index: copying a dict of bytes keys holds the GIL)."""
-        return list(self._index)
+        return self._index.hashes()
 
     def num_allocatable(self, *, reclaim_cached: bool = True) -> int:
         """Pages :meth:`allocate` can hand out now (cached free ones only if reclaim_cached)."""
@@ -111,12 +81,12 @@ class PageAllocator:
     def cached_page(self, page_id: int) -> CachedPage | None:
         """The prefix-index record of ``page_id``, or None when it holds no cached prefix."""
         self._check_page(page_id)
-        return self._cached[page_id]
+        return self._index.record(page_id)
 
     def is_written(self, page_id: int) -> bool:
         """True when the page is registered and marked written (see :meth:`mark_written`)."""
         self._check_page(page_id)
-        return self._written[page_id]
+        return self._index.is_written(page_id)
 
     def free_page_ids(self) -> list[int]:
         """Free page ids from the LRU end (allocated next) to the MRU end."""
@@ -140,15 +110,12 @@ class PageAllocator:
         if not self._queue:
             raise OutOfPagesError(f"all {self.num_pages} pages are referenced")
         page_id = self._queue.peek_front()
-        record = self._cached[page_id]
-        if record is not None:
+        if self._index.record(page_id) is not None:
             if not reclaim_cached:
                 raise OutOfPagesError(
                     f"no empty page: {len(self._queue)} free pages all hold cached prefixes"
                 )
-            del self._index[record.page_hash]
-            self._cached[page_id] = None
-            self._written[page_id] = False
+            self._index.remove(page_id)
             self.num_lru_evictions += 1
         else:
             self._num_uncached_free -= 1
@@ -164,7 +131,7 @@ class PageAllocator:
         """
         self._check_page(page_id)
         if self._refcount[page_id] == 0:
-            if self._cached[page_id] is None:
+            if self._index.record(page_id) is None:
                 raise ValueError(f"touch: page {page_id} is free and holds no cached prefix")
             self._queue.remove(page_id)
         self._refcount[page_id] += 1
@@ -187,7 +154,7 @@ class PageAllocator:
         self._refcount[page_id] -= 1
         if self._refcount[page_id]:
             return False
-        if self._cached[page_id] is not None:
+        if self._index.record(page_id) is not None:
             self._queue.push_back(page_id)
         else:
             self._queue.push_front(page_id)
@@ -222,19 +189,11 @@ class PageAllocator:
         Returns:
             The record (its page id via :meth:`page_of`), or None on a miss or a collision.
         """
-        page_id = self._index.get(page_hash)
-        if page_id is None:
-            return None
-        record = self._cached[page_id]
-        if record is None:  # pragma: no cover - guarded by check_integrity
-            raise AssertionError(f"hash index points at uncached page {page_id}")
-        if record.parent_serial != parent_serial or record.token_ids != tuple(token_ids):
-            return None
-        return record
+        return self._index.lookup(page_hash, token_ids, parent_serial)
 
     def page_of(self, page_hash: PageHash) -> int:
         """Page id currently registered under ``page_hash``. Raises KeyError when absent."""
-        return self._index[page_hash]
+        return self._index.page_of(page_hash)
 
     def register(
         self,
@@ -257,21 +216,7 @@ class PageAllocator:
         self._check_page(page_id)
         if self._refcount[page_id] == 0:
             raise ValueError(f"register: page {page_id} is free")
-        if self._cached[page_id] is not None:
-            raise ValueError(f"register: page {page_id} is already registered")
-        tokens = tuple(int(t) for t in token_ids)
-        existing = self._index.get(page_hash)
-        if existing is not None:
-            record = self._cached[existing]
-            assert record is not None
-            same = record.token_ids == tokens and record.parent_serial == parent_serial
-            return record.serial if same else None
-        serial = self._next_serial
-        self._next_serial += 1
-        self._cached[page_id] = CachedPage(page_hash, parent_hash, tokens, serial, parent_serial)
-        self._index[page_hash] = page_id
-        self._written[page_id] = False
-        return serial
+        return self._index.add(page_id, page_hash, parent_hash, token_ids, parent_serial)
 
     def mark_written(self, page_id: int) -> None:
         """The registered page's KV was written by a forward that succeeded.
@@ -280,9 +225,7 @@ class PageAllocator:
             ValueError: the page is not registered.
         """
         self._check_page(page_id)
-        if self._cached[page_id] is None:
-            raise ValueError(f"mark_written: page {page_id} is not registered")
-        self._written[page_id] = True
+        self._index.mark_written(page_id)
 
     def unregister(self, page_id: int) -> None:
         """Take a referenced page's entry out of the prefix index (its KV was never written).
@@ -291,12 +234,9 @@ class PageAllocator:
             ValueError: the page is free or not registered.
         """
         self._check_page(page_id)
-        record = self._cached[page_id]
-        if record is None or self._refcount[page_id] == 0:
+        if self._index.record(page_id) is None or self._refcount[page_id] == 0:
             raise ValueError(f"unregister: page {page_id} is free or not registered")
-        del self._index[record.page_hash]
-        self._cached[page_id] = None
-        self._written[page_id] = False
+        self._index.remove(page_id)
 
     # ---- checks --------------------------------------------------------------------------
 
@@ -322,27 +262,10 @@ class PageAllocator:
                 if self._refcount[p] != e
             ]
             raise AssertionError(f"refcounts (page, have, expected) differ: {diff[:8]}")
-        uncached_free = sum(1 for p in free if self._cached[p] is None)
+        uncached_free = sum(1 for p in free if self._index.record(p) is None)
         if uncached_free != self._num_uncached_free:
             raise AssertionError(f"uncached free {uncached_free} != {self._num_uncached_free}")
-        registered = [p for p in range(self.num_pages) if self._cached[p] is not None]
-        if sorted(self._index.values()) != registered:
-            raise AssertionError("hash index and page records disagree")
-        unwritten_free = [p for p in free if self._cached[p] is not None and not self._written[p]]
-        if unwritten_free:
-            raise AssertionError(
-                f"free pages in the prefix index were never written: {unwritten_free[:8]}"
-            )
-        if any(self._written[p] and self._cached[p] is None for p in range(self.num_pages)):
-            raise AssertionError("a page is marked written but not registered")
-        for page_hash, page_id in self._index.items():
-            record = self._cached[page_id]
-            assert record is not None
-            rehashed = hash_page_tokens(
-                record.parent_hash, np.asarray(record.token_ids, np.int64), self.namespace
-            )
-            if record.page_hash != page_hash or rehashed != page_hash:
-                raise AssertionError(f"page {page_id}: stored token ids do not hash to its entry")
+        self._index.check_integrity(free)
 
     def _check_page(self, page_id: int) -> None:
         if not 0 <= page_id < self.num_pages:

@@ -12,7 +12,8 @@ import typer
 
 from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ActivationsOption, KvCacheDtypeOption, ModelOption, cli_errors
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.options import ActivationsOption, KvCacheDtypeOption, ModelOption
 
 METHOD = (
     "Method: prefill = median of --repeats requests (max_tokens=1), first scheduled -> first "

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import cli_errors
+from pagedattn.cli.errors import cli_errors
 
 
 @bench_app.command("kernels")

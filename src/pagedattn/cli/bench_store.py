@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ModelOption, cli_errors
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.options import ModelOption
 
 
 @bench_app.command("store")

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import bench_app
-from pagedattn.cli.options import ModelOption, PageSizeOption, cli_errors
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.options import ModelOption, PageSizeOption
 
 
 @bench_app.command("structured")
@@ -32,19 +33,12 @@ def bench_structured(
     from rich.table import Table
 
     from pagedattn.bench.structured import run_structured_bench
-    from pagedattn.cli.options import build_engine
+    from pagedattn.cli.engine_options import EngineOptions
 
     console = Console()
     with cli_errors():
-        engine = build_engine(
-            model,
-            page_size=page_size,
-            kv_cache_mib=256.0,
-            sliding_window=0,
-            sinks=0,
-            position_mode="absolute",
-            prefix_caching=False,
-        )
+        options = EngineOptions(model=model, page_size=page_size, prefix_caching=False)
+        engine = options.build_engine()
         result = run_structured_bench(engine, num_requests, max_tokens)
     if json_out is not None:
         json_out.write_text(json.dumps(result.as_dict(), indent=2), encoding="utf-8")

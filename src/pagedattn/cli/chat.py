@@ -11,6 +11,7 @@ reuses them).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,35 +20,11 @@ from typing import Annotated, Any
 import typer
 
 from pagedattn.cli.app import app
-from pagedattn.cli.options import (
-    ENGINE,
-    ActivationsOption,
-    BackendOption,
-    DeviceOption,
-    IgnoreEosOption,
-    KvCacheDtypeOption,
-    KvCacheMibOption,
-    KvStoreDeadlineOption,
-    KvStoreKeyOption,
-    KvStoreOption,
-    MaxTokensOption,
-    ModelOption,
-    PageSizeOption,
-    PositionModeOption,
-    PrefixCachingOption,
-    SeedOption,
-    SinksOption,
-    SlidingWindowOption,
-    SpeculativeOption,
-    StatsOption,
-    SystemOption,
-    TemperatureOption,
-    TopKOption,
-    TopPOption,
-    build_engine,
-    build_sampling_params,
-    cli_errors,
-)
+from pagedattn.cli.engine_options import SERVER_OPTIONS, EngineOptions
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.option_groups import option_group
+from pagedattn.cli.options import ENGINE
+from pagedattn.cli.sampling_options import SamplingOptions, StatsOption, SystemOption
 
 PROMPT_MARKER = ">>> "
 HELP_TEXT = "Type a message; /reset clears the conversation, /exit or Ctrl-D ends it."
@@ -148,29 +125,13 @@ def _write(text: str) -> None:
 
 
 @app.command("chat")
+@option_group(SamplingOptions, max_tokens=256)
+@option_group(EngineOptions, omit=SERVER_OPTIONS)
 def chat(
     system: SystemOption = None,
-    max_tokens: MaxTokensOption = 256,
-    temperature: TemperatureOption = 0.0,
-    top_p: TopPOption = 1.0,
-    top_k: TopKOption = 0,
-    seed: SeedOption = None,
-    ignore_eos: IgnoreEosOption = False,
-    model: ModelOption = None,
-    page_size: PageSizeOption = 16,
-    kv_cache_mib: KvCacheMibOption = 256.0,
-    sliding_window: SlidingWindowOption = 0,
-    sinks: SinksOption = 0,
-    position_mode: PositionModeOption = "absolute",
-    prefix_caching: PrefixCachingOption = True,
-    kv_store: KvStoreOption = None,
-    kv_store_key: KvStoreKeyOption = None,
-    kv_store_deadline: KvStoreDeadlineOption = 0.5,
-    backend: BackendOption = "numpy",
-    device: DeviceOption = None,
-    activations: ActivationsOption = "float32",
-    kv_cache_dtype: KvCacheDtypeOption = "float32",
-    speculative: SpeculativeOption = None,
+    *,
+    sampling: SamplingOptions,
+    engine_options: EngineOptions,
     session: Annotated[
         str | None,
         typer.Option(
@@ -194,33 +155,11 @@ def chat(
     with cli_errors():
         if session is not None:
             sessions.document_name(session)  # check the name before loading the model
-            if kv_store is None:
-                kv_store = str(sessions.default_store_dir())
-        params = build_sampling_params(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            ignore_eos=ignore_eos,
-        )
-        engine = build_engine(
-            model,
-            page_size=page_size,
-            kv_cache_mib=kv_cache_mib,
-            sliding_window=sliding_window,
-            sinks=sinks,
-            position_mode=position_mode,
-            prefix_caching=prefix_caching,
-            kv_store=kv_store,
-            kv_store_key=kv_store_key,
-            kv_store_deadline_s=kv_store_deadline,
-            backend=backend,
-            device=device,
-            activations=activations,
-            kv_cache_dtype=kv_cache_dtype,
-            speculative=speculative,
-        )
+            if engine_options.kv_store is None:
+                default_store = str(sessions.default_store_dir())
+                engine_options = dataclasses.replace(engine_options, kv_store=default_store)
+        params = sampling.sampling_params()
+        engine = engine_options.build_engine()
         conversation = Conversation(engine.tokenizer, system)
         first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template
         if session is not None:

@@ -50,7 +50,7 @@ def demo(
     from rich.table import Table
 
     from pagedattn.backends import resolve_backend
-    from pagedattn.cli.options import cli_errors
+    from pagedattn.cli.errors import cli_errors
     from pagedattn.stream.demo import run_demo
 
     if sliding_window:

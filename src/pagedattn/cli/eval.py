@@ -8,7 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from pagedattn.cli.app import app
-from pagedattn.cli.options import ModelOption, cli_errors
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.options import ModelOption
 
 eval_app = typer.Typer(
     help="The perplexity lab: what KV eviction costs in model quality.", no_args_is_help=True

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from pagedattn.cli.app import app
-from pagedattn.cli.options import ModelOption, cli_errors
+from pagedattn.cli.errors import cli_errors
+from pagedattn.cli.options import ModelOption
 
 SWEEP_KEYS = ("page_size", "kv_cache_mib", "num_pages", "max_num_seqs", "max_num_batched_tokens")
 

@@ -7,35 +7,18 @@ from typing import Annotated
 import typer
 
 from pagedattn.cli.app import app
-from pagedattn.cli.options import (
-    ENGINE,
-    ActivationsOption,
-    BackendOption,
-    DeviceOption,
-    KvCacheDtypeOption,
-    KvCacheMibOption,
-    KvStoreDeadlineOption,
-    KvStoreKeyOption,
-    KvStoreOption,
-    ModelOption,
-    NumPagesOption,
-    PageSizeOption,
-    PositionModeOption,
-    PrefixCachingOption,
-    SinksOption,
-    SlidingWindowOption,
-    SpeculativeOption,
-    flag_message,
-    window_or_none,
-)
+from pagedattn.cli.engine_options import EngineOptions
+from pagedattn.cli.errors import flag_message
+from pagedattn.cli.option_groups import option_group
 
 SERVER = "Server"
 CLUSTER = "Cluster (Ray Serve)"
 
 
 @app.command("serve")
+@option_group(EngineOptions)
 def serve(
-    model: ModelOption = None,
+    engine_options: EngineOptions,
     served_model_name: Annotated[
         list[str] | None,
         typer.Option(
@@ -63,37 +46,6 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = None,
-    page_size: PageSizeOption = 16,
-    num_pages: NumPagesOption = None,
-    kv_cache_mib: KvCacheMibOption = 256.0,
-    sliding_window: SlidingWindowOption = 0,
-    sinks: SinksOption = 0,
-    position_mode: PositionModeOption = "absolute",
-    prefix_caching: PrefixCachingOption = True,
-    max_num_seqs: Annotated[
-        int,
-        typer.Option(metavar="N", help="Most sequences per step.", rich_help_panel=ENGINE),
-    ] = 64,
-    max_num_batched_tokens: Annotated[
-        int,
-        typer.Option(metavar="N", help="Token budget of one step.", rich_help_panel=ENGINE),
-    ] = 2048,
-    max_model_len: Annotated[
-        int | None,
-        typer.Option(
-            metavar="N",
-            help="Most tokens per request; default: the model context.",
-            rich_help_panel=ENGINE,
-        ),
-    ] = None,
-    kv_store: KvStoreOption = None,
-    kv_store_key: KvStoreKeyOption = None,
-    kv_store_deadline: KvStoreDeadlineOption = 0.5,
-    backend: BackendOption = "numpy",
-    device: DeviceOption = None,
-    activations: ActivationsOption = "float32",
-    kv_cache_dtype: KvCacheDtypeOption = "float32",
-    speculative: SpeculativeOption = None,
     default_max_tokens: Annotated[
         int,
         typer.Option(
@@ -103,21 +55,6 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 1024,
-    seed: Annotated[
-        int,
-        typer.Option(
-            metavar="N", help="Engine seed for unseeded requests.", rich_help_panel=ENGINE
-        ),
-    ] = 0,
-    long_prefill_token_threshold: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            metavar="N",
-            help="Prefill chunk: most prompt tokens one request computes per step.",
-            rich_help_panel=ENGINE,
-        ),
-    ] = None,
     health_stall_s: Annotated[
         float,
         typer.Option(
@@ -190,39 +127,18 @@ def serve(
     ingress with the same routes (see deploy/README.md).
 
     Errors in the options print one line to stderr and exit 2."""
+    model = engine_options.model
     try:
-        window = window_or_none(sliding_window)
+        engine_kwargs = engine_options.engine_kwargs()
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    engine_options = dict(
-        page_size=page_size,
-        num_pages=num_pages,
-        kv_cache_mib=kv_cache_mib,
-        sliding_window=window,
-        num_sink_tokens=sinks,
-        position_mode=position_mode,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_prefix_caching=prefix_caching,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        kv_store=kv_store,
-        kv_store_key=kv_store_key,
-        kv_store_deadline_s=kv_store_deadline,
-        seed=seed,
-        backend=backend,
-        device=device,
-        activations=activations,
-        kv_cache_dtype=kv_cache_dtype,
-        speculative=speculative,
-    )
     if replicas > 1 or ray_address is not None:
         from pagedattn.cli.serve_cluster import serve_cluster
 
         serve_cluster(
             model,
-            engine_options,
+            engine_kwargs,
             replicas=replicas,
             ray_address=ray_address,
             router=router,
@@ -254,7 +170,7 @@ def serve(
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
-            **engine_options,
+            **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)

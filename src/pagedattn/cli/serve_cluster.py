@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from pagedattn.cli.options import flag_message
+from pagedattn.cli.errors import flag_message
 
 #: Read by Ray when it is imported: false makes a local Ray cluster bind its services to
 #: 127.0.0.1 rather than this machine's outward address (single-machine mode).

@@ -1,35 +1,33 @@
 """LLMEngine: add requests, step the model, stream outputs (vLLM's ``LLMEngine`` shape).
 
 Not thread-safe: one caller drives ``add_request`` / ``step`` / ``abort`` (a server runs them
-on one loop).
+on one loop). Its parts: :mod:`pagedattn.engine.engine_setup` checks the model against the
+config and names and opens the pages' tiers, :mod:`pagedattn.engine.request_builder` turns a
+prompt into a request's sequences, :mod:`pagedattn.engine.engine_stats` gathers the counters.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
-import time
-import uuid
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedattn.cache import CacheManager, PagePool, cache_namespace
+from pagedattn.cache import CacheManager, PagePool
 from pagedattn.config import EngineConfig, ModelConfig
-from pagedattn.engine.fingerprint import weights_fingerprint
+from pagedattn.engine import engine_setup
+from pagedattn.engine.engine_stats import engine_stats
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
-from pagedattn.engine.sampler import make_generator
+from pagedattn.engine.request_builder import RequestBuilder
+from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.engine.scheduler import Scheduler
-from pagedattn.engine.sequence import Sequence
-from pagedattn.engine.sequence_group import SequenceGroup
-from pagedattn.model.build import build_model, model_backend, resolve_model_backend
+from pagedattn.model.build import build_model, resolve_model_backend
 from pagedattn.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pagedattn.storage import KVStore, KVTier
+    from pagedattn.storage import KVStore
 
 logger = logging.getLogger("pagedattn.engine")
 
@@ -76,67 +74,34 @@ class LLMEngine:
         self.config = config
         self.model_config = mc
         self.tokenizer = tokenizer
-        if model_fingerprint is None:
-            model_fingerprint = weights_fingerprint(model)
-        if model_fingerprint is None:
-            if kv_store is not None or config.kv_store is not None:
-                raise ValueError(
-                    "model_fingerprint: this model's weights cannot be digested to name its "
-                    "pages in the kv_store; pass model_fingerprint (a digest of its weights)"
-                )
-            model_fingerprint = f"engine-private:{uuid.uuid4().hex}"  # shares with nobody
-        self.model_fingerprint = model_fingerprint
+        self.model_fingerprint = engine_setup.model_fingerprint_of(
+            model, model_fingerprint, persistent=kv_store is not None or config.kv_store is not None
+        )
         num_pages = cc.resolve_num_pages(mc)
-        self.backend = resolve_model_backend(config.backend, config.device)
-        if model_backend(model) != self.backend:
-            raise ValueError(
-                f"backend: the model runs on {model_backend(model)}, the engine config asks "
-                f"for {self.backend}; build it with pagedattn.model.build.build_model"
-            )
-        if getattr(model, "activations", "float32") != config.activations:
-            raise ValueError(
-                f"activations: the model computes with {getattr(model, 'activations', 'float32')}"
-                f", the engine config asks for {config.activations}"
-            )
+        self.backend = engine_setup.check_model(config, model)
         self.page_pool = PagePool(
             mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
             dtype=np.dtype(cc.kv_cache_dtype), backend=self.backend,
         )  # fmt: skip
-        namespace = cache_namespace(
-            model_fingerprint=model_fingerprint,
-            dtype=cc.kv_cache_dtype,
-            page_size=cc.page_size,
-            num_layers=mc.num_layers,
-            num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim,
-            rope_theta=mc.rope_theta,
-            rope_scaling=mc.rope_scaling_key,
-            sliding_window=cc.sliding_window,
-            num_sink_tokens=cc.num_sink_tokens,
-            position_mode=cc.position_mode,
-            activations=config.activations,
-        )
-        self.namespace = namespace
-        self.kv_tier = self._open_tier(kv_store, config, namespace)
+        self.namespace = engine_setup.engine_namespace(config, mc, self.model_fingerprint)
+        self.kv_tier = engine_setup.open_tier(kv_store, config, self.namespace, self.page_pool)
         self.cache_manager = CacheManager(
             num_pages,
             cc.page_size,
-            namespace,
+            self.namespace,
             sliding_window=cc.sliding_window,
             num_sink_tokens=cc.num_sink_tokens,
             enable_prefix_caching=cc.enable_prefix_caching,
             tier=self.kv_tier,
         )
-        if tokenizer is not None:
-            eos: frozenset[int] = frozenset(tokenizer.stop_token_ids)
-        else:
-            eos = frozenset() if mc.eos_token_id is None else frozenset({mc.eos_token_id})
-        bounded = cc.position_mode == "absolute" and cc.sliding_window is None
-        max_model_len = sc.max_model_len
-        if max_model_len is None and bounded:
-            max_model_len = mc.max_position_embeddings
+        eos = engine_setup.stop_token_ids(tokenizer, mc)
         self.scheduler = Scheduler(
-            cc, sc, self.cache_manager, eos, max_model_len, copy_pages=self.page_pool.copy_pages
+            cc,
+            sc,
+            self.cache_manager,
+            eos,
+            engine_setup.max_model_len(cc, sc, mc),
+            copy_pages=self.page_pool.copy_pages,
         )
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
@@ -147,30 +112,9 @@ class LLMEngine:
             vocab_size=self.vocab_size,
             eos_token_ids=eos,
         )
-        self._decode_token = (
-            None if tokenizer is None else functools.lru_cache(maxsize=65536)(self._decode_one)
+        self._requests = RequestBuilder(
+            tokenizer, self.vocab_size, self.scheduler.max_model_len, config.seed
         )
-        self._special_ids = self._special_token_ids()
-        self._rng = np.random.default_rng(config.seed)
-        self._seq_ids = itertools.count()
-
-    def _open_tier(
-        self, store: KVStore | None, config: EngineConfig, namespace: bytes
-    ) -> KVTier | None:
-        if store is None and config.kv_store is None:
-            return None
-        if not config.cache.enable_prefix_caching:
-            raise ValueError("kv_store: needs prefix caching (pages are named by prefix hash)")
-        from pagedattn.storage import KVTier, open_store
-
-        if store is None:
-            assert config.kv_store is not None
-            pool = self.page_pool
-            page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
-            store = open_store(
-                config.kv_store, namespace, page_shape, pool.dtype, key=config.kv_store_key
-            )
-        return KVTier(store, self.page_pool, lookup_deadline_s=config.kv_store_deadline_s)
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
@@ -200,19 +144,7 @@ class LLMEngine:
         Raises:
             ValueError: text without a tokenizer, an empty prompt, or an id outside the vocab.
         """
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: text needs a tokenizer; pass token ids instead")
-            ids = [int(t) for t in self.tokenizer.encode(prompt)]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt: expected at least one token, got none")
-        vocab = self.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}")
-        return ids
+        return self._requests.encode(prompt)
 
     def add_request(
         self,
@@ -243,57 +175,9 @@ class LLMEngine:
             ValueError: a bad prompt (see :meth:`encode`), a request id already in use, or a
                 ``logit_bias`` / ``stop_token_ids`` id outside the tokenizer's vocabulary.
         """
-        params = SamplingParams() if params is None else params
-        request_id = uuid.uuid4().hex if request_id is None else request_id
-        ids = self.encode(prompt)
-        params.check_vocab(self.vocab_size)
-        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
-        special_stops = {self._special_ids[s]: s for s in params.stop if s in self._special_ids}
-        arrival = time.monotonic() if arrival_time is None else arrival_time
-        seqs: list[Sequence] = []
-        for i in range(params.num_completions):
-            text_stream = None
-            if self.tokenizer is not None:
-                from pagedattn.model.detokenizer import IncrementalDetokenizer
-
-                text_stream = IncrementalDetokenizer(
-                    self.tokenizer,
-                    skip_special_tokens=params.skip_special_tokens,
-                    prompt_token_ids=ids,
-                )
-            seqs.append(
-                Sequence(
-                    seq_id=next(self._seq_ids),
-                    request_id=request_id,
-                    prompt_token_ids=ids,
-                    params=params,
-                    generator=make_generator(seed + i),
-                    arrival_time=arrival,
-                    text_stream=text_stream,
-                    max_model_len=self.scheduler.max_model_len,
-                    prompt=prompt if isinstance(prompt, str) else None,
-                    index=i,
-                    decode_token=self._decode_token,
-                    special_stops=special_stops,
-                    metrics=seqs[0].metrics if seqs else None,
-                )
-            )
-        self.scheduler.add(SequenceGroup(seqs))
-        return request_id
-
-    def _decode_one(self, token_id: int) -> str:
-        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
-
-    def _special_token_ids(self) -> dict[str, int]:
-        """Special-token text -> id (a stop string equal to one stops on that token)."""
-        backend = getattr(self.tokenizer, "backend", None)
-        if backend is None:
-            return {}
-        return {
-            tok.content: int(i)
-            for i, tok in backend.get_added_tokens_decoder().items()
-            if tok.special
-        }
+        group = self._requests.build(prompt, params, request_id, arrival_time)
+        self.scheduler.add(group)
+        return group.request_id
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
@@ -313,18 +197,26 @@ class LLMEngine:
             KeyboardInterrupt (and other non-``Exception`` errors) after failing the step's
             requests; their outputs come with the next step.
         """
-        if self.kv_tier is not None:
-            self.kv_tier.begin_step()  # this step's lookups share one deadline
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         try:
             sampled = self.runner.run(batch)
         except BaseException as exc:
-            self.scheduler.fail_step(batch, f"engine step failed: {type(exc).__name__}: {exc}")
-            if not isinstance(exc, Exception):
-                raise
-            logger.exception("engine step failed; %d request(s) failed", len(batch.seqs))
-            return self.scheduler.take_pending()
+            return self._fail_step(batch, exc)
         return self.scheduler.postprocess(batch, sampled)
+
+    def _schedule(self) -> ScheduledBatch:
+        """This step's batch; the tier's lookups made while scheduling share one deadline."""
+        if self.kv_tier is not None:
+            self.kv_tier.begin_step()
+        return self.scheduler.schedule()
+
+    def _fail_step(self, batch: ScheduledBatch, exc: BaseException) -> list[RequestOutput]:
+        """Fail the step's requests; re-raise ``exc`` unless it is an ``Exception``."""
+        self.scheduler.fail_step(batch, f"engine step failed: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, Exception):
+            raise exc
+        logger.exception("engine step failed; %d request(s) failed", len(batch.seqs))
+        return self.scheduler.take_pending()
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its pages are freed once; the next step returns its
@@ -336,32 +228,5 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def get_stats(self) -> dict[str, Any]:
-        """Plain counters for metrics (see :class:`pagedattn.engine.stats.SchedulerStats`).
-
-        Keys: every SchedulerStats field, ``num_running``, ``num_waiting``, ``num_pages``,
-        ``num_free_pages``, ``kv_cache_usage`` (fraction of pages referenced), and
-        ``evictions`` (dict reason -> count from the cache manager), ``tier_restored_tokens``
-        (prompt tokens restored from the persistent tier), ``tier_errors`` (dict: "lookup"
-        lookups that raised and were a miss, "write" pages whose write-through raised) and
-        ``kv_store`` (the tier's
-        :meth:`pagedattn.storage.KVTier.stats`, None without a tier), and
-        ``spec_acceptance_ratio`` (speculative decoding: accepted / drafted tokens, 0.0 before
-        any draft).
-        """
-        s = self.scheduler.stats
-        drafted = s.spec_num_drafted_tokens
-        pages = self.cache_manager.num_pages
-        referenced = pages - self.cache_manager.allocator.num_free_pages
-        return {
-            **{k: (dict(v) if k == "num_finished" else v) for k, v in vars(s).items()},
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "num_pages": pages,
-            "num_free_pages": self.cache_manager.num_free_pages,
-            "kv_cache_usage": referenced / pages,
-            "evictions": self.cache_manager.evictions,
-            "tier_restored_tokens": self.cache_manager.tier_restored_tokens,
-            "tier_errors": dict(self.cache_manager.tier_errors),
-            "kv_store": None if self.kv_tier is None else self.kv_tier.stats(),
-            "spec_acceptance_ratio": s.spec_num_accepted_tokens / drafted if drafted else 0.0,
-        }
+        """Plain counters for metrics: see :func:`pagedattn.engine.engine_stats.engine_stats`."""
+        return engine_stats(self.scheduler, self.cache_manager, self.kv_tier)
