@@ -50,6 +50,7 @@ def test_serve_replicas_serves_the_openai_client_and_stops_on_sigterm(
     url = f"http://127.0.0.1:{port}"
     args = ["serve", "--model", str(tiny_gguf), "--replicas", "2", "--kv-store", redis.url]
     args += ["--port", str(port), "--page-size", "4", "--num-pages", "128"]
+    args += ["--max-request-bytes", "2000", "--log-level", "warning"]
     log = (tmp_path / "serve.log").open("w")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
     proc = subprocess.Popen(
@@ -77,6 +78,10 @@ def test_serve_replicas_serves_the_openai_client_and_stops_on_sigterm(
         replicas = _replicas(url)
         assert raw.headers[REPLICA_HEADER] in replicas
         assert raw_stream.headers[REPLICA_HEADER] in replicas
+        # the server options reach the cluster too: the ingress's body limit
+        big = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "x" * 4000})
+        assert big.status_code == 413, big.text
+        assert big.json()["error"]["code"] == "request_too_large"
         started = psutil.Process(proc.pid).children(recursive=True)
         assert any("raylet" in p.name() for p in started), [p.name() for p in started]
         proc.send_signal(signal.SIGTERM)

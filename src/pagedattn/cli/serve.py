@@ -149,6 +149,9 @@ def serve(
             default_max_tokens=default_max_tokens,
             host=host,
             port=port,
+            health_stall_s=health_stall_s,
+            max_request_bytes=max_request_bytes,
+            log_level=log_level,
         )
         return
     try:

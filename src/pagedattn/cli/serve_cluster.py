@@ -28,6 +28,9 @@ def serve_cluster(
     default_max_tokens: int,
     host: str,
     port: int,
+    health_stall_s: float,
+    max_request_bytes: int,
+    log_level: str,
 ) -> None:
     """Build the cluster app and serve it on ``host:port`` until interrupted. Errors in the
     options print one line to stderr and exit 2.
@@ -64,9 +67,13 @@ def serve_cluster(
             max_load_spread=max_load_spread,
             replica_cpus=float(replica_threads),
             replica_threads=replica_threads,
+            health_stall_s=health_stall_s,
+            max_request_bytes=max_request_bytes,
             **engine_options,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
         raise typer.Exit(code=2) from exc
-    run_cluster(app, host=host, port=port, ray_address=ray_address, blocking=True)
+    run_cluster(
+        app, host=host, port=port, ray_address=ray_address, blocking=True, log_level=log_level
+    )

@@ -19,6 +19,7 @@ from pagedattn.cluster.baselines import BASELINES, ROUTER_NAMES
 from pagedattn.cluster.ingress import ClusterIngress
 from pagedattn.cluster.replica import EngineReplica
 from pagedattn.cluster.router import PrefixAwareRouter
+from pagedattn.server.app import DEFAULT_MAX_REQUEST_BYTES
 
 APP_NAME = "pagedattn"
 ENGINE_DEPLOYMENT = "PagedAttnEngine"
@@ -68,12 +69,16 @@ def build_cluster_app(
     replica_threads: int = 1,
     max_ongoing_requests: int = 64,
     autoscaling: dict[str, Any] | None = None,
+    health_stall_s: float = 60.0,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     **engine_options: Any,
 ) -> Any:
     """The bound application (a ``ray.serve.Application``).
 
     Args:
-        model, served_model_name, api_key, default_max_tokens: as ``pagedattn serve``.
+        model, served_model_name, api_key, default_max_tokens, health_stall_s,
+            max_request_bytes: as ``pagedattn serve`` (the stall limit is each replica's
+            health check, the body limit the ingress's).
         replicas: engine replicas (each one LLMEngine with its own page pool); default 2,
             or what ``autoscaling`` decides.
         router: ``prefix`` (:class:`PrefixAwareRouter`), ``pow2`` (Ray's power of two
@@ -135,13 +140,14 @@ def build_cluster_app(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024
     )
     return ingress.bind(
-        engine.bind(model, engine_options, names[0]),
+        engine.bind(model, engine_options, names[0], health_stall_s),
         ENGINE_DEPLOYMENT,
         model,
         engine_options,
         names,
         api_key,
         default_max_tokens,
+        max_request_bytes,
     )
 
 
@@ -152,6 +158,7 @@ def run_cluster(
     port: int = 8000,
     ray_address: str | None = None,
     blocking: bool = True,
+    log_level: str = "info",
 ) -> Any:
     """Start ``app`` behind Serve's HTTP proxy on ``host:port``: on the Ray cluster at
     ``ray_address`` (``auto``: the one on this machine), else on a new local one. Returns the
@@ -164,8 +171,10 @@ def run_cluster(
     own_ray = not ray.is_initialized() and ray_address is None
     if not ray.is_initialized():
         ray.init(address=ray_address)
+    http = {"host": host, "port": port}
+    logging = {"log_level": log_level.upper()}
     if not blocking:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options=http, logging_config=logging)
         return serve.run(app, name=APP_NAME, route_prefix="/")
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -173,7 +182,7 @@ def run_cluster(
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options=http, logging_config=logging)
         serve.run(app, name=APP_NAME, route_prefix="/")
         while True:
             time.sleep(3600)

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedattn.cluster.client import CURRENT, RemoteEngine, Routed
 from pagedattn.cluster.metrics import ClusterMetrics, router_sources
+from pagedattn.server.app import DEFAULT_MAX_REQUEST_BYTES
 from pagedattn.server.engine_loop import EngineDeadError
 
 REPLICA_HEADER = "x-pagedattn-replica"
@@ -64,7 +65,8 @@ class ClusterIngress:
             limits; never run).
         engine_options: the replicas' engine options (``kv_store`` is not opened here).
         served_model_name: names clients may pass as ``model``.
-        api_key, default_max_tokens: see :func:`pagedattn.server.app.create_app`.
+        api_key, default_max_tokens, max_request_bytes: see
+            :func:`pagedattn.server.app.create_app`.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class ClusterIngress:
         served_model_name: list[str],
         api_key: str | None = None,
         default_max_tokens: int = 1024,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         from pagedattn.engine.llm import engine_config
         from pagedattn.engine.llm_engine import LLMEngine
@@ -91,6 +94,7 @@ class ClusterIngress:
             model_name=served_model_name,
             api_key=api_key,
             default_max_tokens=default_max_tokens,
+            max_request_bytes=max_request_bytes,
             engine_client=self.client,
         )
         app.add_middleware(ReplicaHeader)

@@ -48,9 +48,17 @@ class EngineReplica:
         engine_options: :func:`pagedattn.engine.llm.engine_config` keywords (``kv_store``
             included), the same for every replica.
         model_name: the name the replica's metrics carry.
+        health_stall_s: the replica is unhealthy (Ray replaces it) when requests are pending
+            and its engine made no progress for this many seconds.
     """
 
-    def __init__(self, model: str | None, engine_options: dict[str, Any], model_name: str) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        engine_options: dict[str, Any],
+        model_name: str,
+        health_stall_s: float = 60.0,
+    ) -> None:
         from pagedattn.engine.llm import engine_config
         from pagedattn.engine.llm_engine import LLMEngine
 
@@ -58,7 +66,7 @@ class EngineReplica:
         self.engine = LLMEngine.from_config(engine_config(model, **engine_options))
         self.metrics = ServerMetrics(lambda: self.loop.stats, model_name)
         self.metrics.instrument(self.engine)
-        self.loop = AsyncEngine(self.engine, self.metrics)
+        self.loop = AsyncEngine(self.engine, self.metrics, stall_timeout_s=health_stall_s)
         self.loop.start()
         self.structured = StructuredOutput(
             self.engine.tokenizer, self.engine.model_config.vocab_size
