@@ -21,6 +21,14 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(path, config, random_weights(config, seed=1))
 
 
+@pytest.fixture(scope="session")
+def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain-text corpus file for the bench commands' ``--prompt-file``."""
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def one_numba_thread() -> Iterator[None]:
     """Run with one numba thread: on the 2 shared cores, thread start-up dominates the tiny

@@ -13,9 +13,9 @@ import os
 import pytest
 
 from pagedattn.backends import BackendSpec
-from tests.fixtures import one_numba_thread, tiny_gguf
+from tests.fixtures import one_numba_thread, prompt_file, tiny_gguf
 
-__all__ = ["one_numba_thread", "tiny_gguf"]
+__all__ = ["one_numba_thread", "prompt_file", "tiny_gguf"]
 
 
 def available_backends() -> list[BackendSpec]:

@@ -22,13 +22,6 @@ needs_torch = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
-    return path
-
-
 def test_parse_backends_accepts_lists_repeats_and_devices() -> None:
     assert parse_backends(None) == [BackendSpec("numpy", "cpu")]
     assert parse_backends(["numpy,torch", "torch/cuda", "torch"]) == [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures import one_numba_thread, tiny_gguf
+from tests.fixtures import one_numba_thread, prompt_file, tiny_gguf
 
-__all__ = ["one_numba_thread", "tiny_gguf"]
+__all__ = ["one_numba_thread", "prompt_file", "tiny_gguf"]
 
 
 @pytest.fixture(autouse=True)

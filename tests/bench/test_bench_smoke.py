@@ -21,13 +21,6 @@ from pagedattn.cli.app import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
-    return path
-
-
 def test_bench_generate_prints_table_and_positive_figures(
     tiny_gguf: Path, prompt_file: Path, tmp_path: Path
 ) -> None:

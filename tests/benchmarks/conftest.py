@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import one_numba_thread, tiny_gguf
+from tests.fixtures import one_numba_thread, prompt_file, tiny_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-__all__ = ["one_numba_thread", "tiny_gguf"]
+__all__ = ["one_numba_thread", "prompt_file", "tiny_gguf"]
 
 
 @pytest.fixture(autouse=True)

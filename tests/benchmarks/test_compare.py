@@ -18,13 +18,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
-    return path
-
-
 def test_compare_generate_without_peers_says_each_is_not_measured(
     tiny_gguf: Path, prompt_file: Path, tmp_path: Path
 ) -> None:
