@@ -374,6 +374,7 @@ def main() -> None:
         ap.error("--chats, --concurrency, --repeats >= 1 and --turns >= 2")
     # read by Ray at import: its local cluster's services listen on 127.0.0.1 only
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import serve
 

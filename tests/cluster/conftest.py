@@ -19,9 +19,10 @@ from tests.redis_server import RedisServer, free_port
 
 __all__ = ["tiny_gguf"]
 
-# The local cluster listens on 127.0.0.1 only (read by Ray at import), as `pagedattn serve
-# --replicas` starts it.
+# The local cluster listens on 127.0.0.1 only (read by Ray at import) and reports no usage
+# statistics anywhere, as `pagedattn serve --replicas` starts it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

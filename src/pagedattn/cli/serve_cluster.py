@@ -12,6 +12,8 @@ from pagedattn.cli.errors import flag_message
 #: Read by Ray when it is imported: false makes a local Ray cluster bind its services to
 #: 127.0.0.1 rather than this machine's outward address (single-machine mode).
 LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: Ray reports usage statistics to its project's server unless this is 0.
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 
 
 def serve_cluster(
@@ -35,9 +37,11 @@ def serve_cluster(
     """Build the cluster app and serve it on ``host:port`` until interrupted. Errors in the
     options print one line to stderr and exit 2.
 
-    Without ``ray_address`` the local Ray cluster it starts listens on loopback only."""
+    Without ``ray_address`` the local Ray cluster it starts listens on loopback only and
+    sends no usage statistics (set RAY_USAGE_STATS_ENABLED=1 to send them)."""
     if ray_address is None:
         os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
+        os.environ.setdefault(USAGE_STATS_ENV, "0")
     try:
         from pagedattn.cluster.app import build_cluster_app, run_cluster
     except ImportError as exc:
