@@ -11,6 +11,21 @@ import pytest
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
 
+def metric_samples(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition, keyed ``name{label="v",...}`` (labels
+    sorted, ``model_name`` dropped), parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(
+                f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name"
+            )
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random Llama of tests/model written as a GGUF file (byte-level tokenizer,

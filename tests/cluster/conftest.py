@@ -12,9 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures import tiny_gguf
+from tests.fixtures import metric_samples, tiny_gguf
 from tests.redis_server import RedisServer, free_port
 
 __all__ = ["tiny_gguf"]
@@ -43,14 +42,7 @@ class Cluster:
         """Every sample of the ingress's /metrics, keyed ``name{label="v",...}`` (labels
         sorted, model_name dropped)."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(
-                    f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name"
-                )
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
+        return metric_samples(text)
 
     def replicas(self) -> set[str]:
         """Replica ids whose families /metrics shows now."""

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from prometheus_client.parser import text_string_to_metric_families
 
 from pagedattn.server.app import build_app
+from tests.fixtures import metric_samples
 from tests.redis_server import free_port
 from tests.server.tiny_folder import write_tiny_folder
 
@@ -44,14 +44,7 @@ class RunningServer:
         """Every sample of /metrics, keyed ``name{label="v",...}`` (labels sorted, model_name
         dropped), parsed with prometheus_client's parser."""
         text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(
-                    f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name"
-                )
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
+        return metric_samples(text)
 
     def wait_idle(self, timeout_s: float = 30.0) -> dict[str, float]:
         """Poll /metrics until no request runs or waits and no page is held (bounded)."""
