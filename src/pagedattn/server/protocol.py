@@ -117,9 +117,10 @@ class JsonSchemaFormat(OpenAIRequest):
 
 class ResponseFormat(OpenAIRequest):
     """OpenAI ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object)
-    or ``json_schema`` (the given schema)."""
+    or ``json_schema`` (the given schema); vLLM's ``structural_tag`` (``structures`` and
+    ``triggers``, kept in ``model_extra``: :mod:`pagedattn.server.structural_tag`)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
 
 

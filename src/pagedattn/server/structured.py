@@ -7,6 +7,9 @@ Fields (at most one per request; two is a 400):
 - vLLM ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list
   of strings), ``guided_grammar`` (a Lark grammar, llguidance's dialect), and the same under
   their current spelling ``structured_outputs`` (:mod:`pagedattn.server.structured_outputs`).
+- vLLM's structural tag, as ``structured_outputs.structural_tag`` or ``response_format:
+  {"type": "structural_tag", "structures", "triggers"}``: free text with JSON segments that
+  open on a trigger (:mod:`pagedattn.server.structural_tag`).
 
 JSON is laid out as ``{"a": 1, "b": [1, 2]}`` with no other whitespace unless
 ``guided_whitespace_pattern`` (a regex, JSON kinds only) says what whitespace may appear
@@ -23,19 +26,31 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pagedattn.server.protocol as p
 from pagedattn.engine.guided import GrammarCompiler, GuidedSpec
 from pagedattn.sampling_params import LogitsProcessor
 from pagedattn.server.errors import APIError
+from pagedattn.server.structural_tag import parse_structural_tag, structural_tag_grammar
 from pagedattn.server.structured_outputs import StructuredOutputs, no_additional_properties
 
 BACKENDS = (None, "auto", "guidance", "llguidance")
 
+SpecialTokens = Callable[[tuple[str, ...]], frozenset[str]]
 
-def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
+
+def _no_special(texts: tuple[str, ...]) -> frozenset[str]:
+    return frozenset()
+
+
+def guided_spec(req: p.SamplingFields, special: SpecialTokens = _no_special) -> GuidedSpec | None:
     """The request's structured-output constraint, or None.
+
+    Args:
+        special: which of the given texts are one special token of the vocabulary (the
+            triggers and ends of a structural tag).
 
     Raises:
         APIError: 400 when two constraints are given, a ``json_schema`` format has no schema,
@@ -60,6 +75,16 @@ def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
                 param="response_format",
             )
         specs.append(GuidedSpec("json", fmt.json_schema.json_schema, "response_format"))
+    elif fmt is not None and fmt.type == "structural_tag":
+        if fmt.json_schema is not None:
+            raise APIError(
+                400,
+                "response_format.json_schema: not part of a structural tag",
+                param="response_format.json_schema",
+            )
+        tag = parse_structural_tag({"type": fmt.type, **(fmt.model_extra or {})}, "response_format")
+        grammar = structural_tag_grammar(tag, "response_format", special)
+        specs.append(GuidedSpec("grammar", grammar, "response_format"))
     if req.guided_json is not None:
         specs.append(GuidedSpec("json", req.guided_json, "guided_json"))
     if req.guided_regex is not None:
@@ -68,7 +93,7 @@ def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
         specs.append(GuidedSpec("choice", req.guided_choice, "guided_choice"))
     if req.guided_grammar is not None:
         specs.append(GuidedSpec("grammar", req.guided_grammar, "guided_grammar"))
-    specs += structured_output_specs(req.structured_outputs)
+    specs += structured_output_specs(req.structured_outputs, special)
     ws_field, ws = "guided_whitespace_pattern", req.guided_whitespace_pattern
     so_ws = None if req.structured_outputs is None else req.structured_outputs.whitespace_pattern
     if so_ws is not None:
@@ -106,24 +131,25 @@ def guided_spec(req: p.SamplingFields) -> GuidedSpec | None:
 FIELD = "structured_outputs"
 
 
-def structured_output_specs(fields: StructuredOutputs | None) -> list[GuidedSpec]:
+def structured_output_specs(
+    fields: StructuredOutputs | None, special: SpecialTokens = _no_special
+) -> list[GuidedSpec]:
     """The constraints ``structured_outputs`` asks for (each :class:`GuidedSpec` names its
     sub-field, e.g. ``structured_outputs.json``); whitespace is applied by the caller.
 
     Raises:
-        APIError: 400 for ``structural_tag``, a JSON schema given as text that is not JSON,
-            or ``disable_additional_properties`` without a JSON schema.
+        APIError: 400 for a structural tag that is not valid, a JSON schema given as text that
+            is not JSON, or ``disable_additional_properties`` without a JSON schema or
+            structural tag.
     """
     if fields is None:
         return []
-    if fields.structural_tag is not None:
-        raise APIError(
-            400,
-            f"{FIELD}.structural_tag: not supported (tool calls with tool_choice 'auto' "
-            "are served; send json, regex, choice or grammar)",
-            param=f"{FIELD}.structural_tag",
-        )
     specs = []
+    if fields.structural_tag is not None:
+        where = f"{FIELD}.structural_tag"
+        tag = parse_structural_tag(fields.structural_tag, where)
+        grammar = structural_tag_grammar(tag, where, special, fields.disable_additional_properties)
+        specs.append(GuidedSpec("grammar", grammar, where))
     if fields.json_schema is not None:
         schema: Any = fields.json_schema
         if fields.disable_additional_properties:
@@ -136,10 +162,11 @@ def structured_output_specs(fields: StructuredOutputs | None) -> list[GuidedSpec
                     ) from exc
             schema = no_additional_properties(schema)
         specs.append(GuidedSpec("json", schema, f"{FIELD}.json"))
-    elif fields.disable_additional_properties:
+    elif fields.disable_additional_properties and fields.structural_tag is None:
         raise APIError(
             400,
-            f"{FIELD}.disable_additional_properties: needs a JSON schema ({FIELD}.json)",
+            f"{FIELD}.disable_additional_properties: needs a JSON schema ({FIELD}.json) or a "
+            "structural tag",
             param=f"{FIELD}.disable_additional_properties",
         )
     if fields.regex is not None:
@@ -184,10 +211,10 @@ class StructuredOutput:
                     ) from exc
             return self._compiler
 
-    def special_tokens(self, texts: tuple[str, ...]) -> frozenset[str]:
+    def special_tokens(self, texts: tuple[str, ...], field: str = "tools") -> frozenset[str]:
         """Which of ``texts`` are one token llguidance treats as special (matched only by
-        name in a grammar)."""
-        ll_tok = self.compiler("tools").ll_tokenizer
+        name in a grammar); ``field`` is named when there is no compiler."""
+        ll_tok = self.compiler(field).ll_tokenizer
         found = set()
         for text in texts:
             token_id = self.tokenizer.backend.token_to_id(text)
@@ -209,7 +236,7 @@ class StructuredOutput:
             APIError: 400 from :func:`guided_spec`, a structured-output field together with
                 tool calls, or a constraint that does not compile.
         """
-        spec = guided_spec(req)
+        spec = guided_spec(req, self._special_of(req))
         if spec is not None and tool_spec is not None:
             raise APIError(
                 400,
@@ -237,3 +264,9 @@ class StructuredOutput:
                 param=spec.field,
             )
         return (processor,)
+
+    def _special_of(self, req: p.SamplingFields) -> SpecialTokens:
+        field = "response_format"
+        if req.structured_outputs is not None and req.structured_outputs.structural_tag:
+            field = f"{FIELD}.structural_tag"
+        return lambda texts: self.special_tokens(texts, field)

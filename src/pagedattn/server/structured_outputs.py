@@ -1,11 +1,11 @@
 """vLLM's ``structured_outputs`` request field: the current spelling of the ``guided_*`` fields.
 
 ``{"json": schema | its JSON text, "regex": ..., "choice": [...], "grammar": Lark,
-"json_object": true}``: at most one constraint, the same as ``guided_json`` /
-``guided_regex`` / ``guided_choice`` / ``guided_grammar`` / ``response_format: json_object``
-(:mod:`pagedattn.server.structured` serves both spellings; a constraint given in both, or two
-constraints, is a 400 naming the second; the constraints are read in
-:func:`pagedattn.server.structured.structured_output_specs`). Options:
+"json_object": true, "structural_tag": {...} | its JSON text}``: at most one constraint, the
+same as ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` /
+``response_format: json_object`` (:mod:`pagedattn.server.structured` serves both spellings; a
+constraint given in both, or two constraints, is a 400 naming the second; the constraints are
+read in :func:`pagedattn.server.structured.structured_output_specs`). Options:
 
 - ``whitespace_pattern`` (JSON only): the whitespace regex between JSON tokens (as
   ``guided_whitespace_pattern``, which may not be given too).
@@ -16,9 +16,9 @@ constraints, is a 400 naming the second; the constraints are read in
   sent: vLLM's default (``false``) *allows* any whitespace, which the compact layout is one
   case of; it never requires any.
 - ``disable_fallback``: there is one backend (llguidance) and never a fallback: accepted.
-- ``structural_tag``: refused (400 naming ``structured_outputs.structural_tag``): free text
-  with tagged JSON segments is served for tool calls (``tool_choice: "auto"``), not as a
-  request-defined structure.
+- ``structural_tag``: free text with JSON segments that open on a trigger
+  (:mod:`pagedattn.server.structural_tag`; ``disable_additional_properties`` closes its
+  object schemas too).
 
 An unknown key is a 400 naming it.
 """

@@ -10,7 +10,8 @@ has none.
 :func:`auto_grammar` is the llguidance Lark grammar of ``tool_choice: "auto"``: free text that
 never contains the opening tag, or free text up to the first ``<tool_call>`` (a lazy lexeme:
 the trigger) followed by calls whose JSON is constrained to an allowed tool and its argument
-schema. Once the model writes the opening tag, the rest of the call is always valid.
+schema. Once the model writes the opening tag, the rest of the call is always valid (the
+lazy-trigger rules are :mod:`pagedattn.server.trigger_grammar`'s).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedattn.engine.guided import JSON_LAYOUT, narrow_one_of
+from pagedattn.server.trigger_grammar import free_text_rule, head_rules, literal, regex_escape
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -139,36 +141,22 @@ def auto_grammar(
     """
     schema = {**call_schema(tools, fmt.args_key), "x-guidance": dict(JSON_LAYOUT)}
     more = " (sep body)*" if parallel else ""
-    open_re = _regex_escape(fmt.open_tag)
+    open_re = regex_escape(fmt.open_tag)
     as_token = fmt.open_tag in special
     lines = [
         "%llguidance {}",
         f"start: TEXT | head body{more} WS",
-        f"head_text[lazy]: /(?s:.*){open_re}/",
-        f"head: head_text{f' | TEXT {fmt.open_tag}' if as_token else ''}",
+        *head_rules("head", fmt.open_tag, special),
         f"sep: SEP{f' | WS {fmt.open_tag}' if as_token else ''}",
-        f"close: {json.dumps(fmt.close_tag)}"
-        + (f" | {fmt.close_tag}" if fmt.close_tag in special else ""),
+        f"close: {literal(fmt.close_tag, special)}",
         "body: NL call NL close",
         f"SEP: /[ \\n]*{open_re}/",
         "NL: /\\n?/",
         "WS: /[ \\n]*/",
         f"call: %json {json.dumps(schema)}",
-        f"TEXT: /(?s:.*)/ & ~/(?s:.*){open_re}(?s:.*)/",
+        free_text_rule([fmt.open_tag]),
     ]
     return "\n".join(lines)
-
-
-def _regex_escape(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch.isalnum() or ch in "_ <>=":
-            out.append(ch)
-        elif ch == "/":
-            out.append("\\/")
-        else:
-            out.append("\\" + ch)
-    return "".join(out)
 
 
 def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[tuple[str, Any]]] | None:
