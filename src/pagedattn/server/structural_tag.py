@@ -149,7 +149,9 @@ def structural_tag_grammar(
     triggers: dict[str, list[int]] = {}
     for i, s in enumerate(tag.structures):
         triggers.setdefault(str(trigger_of(tag, s)), []).append(i)
-    specials = special(tuple(triggers) + tuple(s.end for s in tag.structures if s.end))
+    # a special token is named in a grammar as its text, which must read ``<...>``
+    texts = tuple(triggers) + tuple(s.end for s in tag.structures if s.end)
+    specials = frozenset(t for t in special(texts) if t.startswith("<") and t.endswith(">"))
     lines = ["%llguidance {}", "start: seg* TEXT"]
     lines.append("seg: " + " | ".join(f"trig_{k}" for k in range(len(triggers))))
     for k, (trigger, members) in enumerate(triggers.items()):
