@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,6 +36,33 @@ from pagedattn.server.structured_outputs import no_additional_properties
 from pagedattn.server.trigger_grammar import free_text_rule, head_rules, literal
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _no_special(texts: tuple[str, ...]) -> frozenset[str]:
+    return frozenset()
+
+
+def _compiles(schema: dict[str, Any], where: str) -> None:
+    import llguidance as llg
+
+    error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(schema))
+    if error:
+        raise APIError(400, f"{where}: invalid JSON schema: {error}", param=where)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a structural tag's grammar needs from the model's vocabulary.
+
+    Attributes:
+        special: which of the given texts are one special token of the vocabulary.
+        check_schema: raises APIError 400 naming the given field path when the JSON schema
+            does not compile or admits no output (the default only compiles it, without a
+            tokenizer).
+    """
+
+    special: Callable[[tuple[str, ...]], frozenset[str]] = _no_special
+    check_schema: Callable[[dict[str, Any], str], None] = _compiles
 
 
 class TagStructure(BaseModel):
@@ -128,30 +156,28 @@ def trigger_of(tag: StructuralTag, structure: TagStructure) -> str | None:
 
 
 def structural_tag_grammar(
-    tag: StructuralTag,
-    field: str,
-    special: Callable[[tuple[str, ...]], frozenset[str]],
-    closed_objects: bool = False,
+    tag: StructuralTag, field: str, vocabulary: Vocabulary, closed_objects: bool = False
 ) -> str:
     """The Lark grammar of a checked tag (from :func:`parse_structural_tag`).
 
     Args:
         field: the request field, named in errors.
-        special: which of the given texts are one special token of the vocabulary.
+        vocabulary: the model's special tokens and schema check.
         closed_objects: give every object schema ``additionalProperties: false`` unless it
             says otherwise (``disable_additional_properties``).
 
     Raises:
-        APIError: 400 naming ``structures[i].schema`` for a schema llguidance cannot compile.
+        APIError: 400 naming ``structures[i].schema`` for a schema that does not compile or
+            has no instance (a segment that could never end).
     """
-    import llguidance as llg
-
     triggers: dict[str, list[int]] = {}
     for i, s in enumerate(tag.structures):
         triggers.setdefault(str(trigger_of(tag, s)), []).append(i)
     # a special token is named in a grammar as its text, which must read ``<...>``
     texts = tuple(triggers) + tuple(s.end for s in tag.structures if s.end)
-    specials = frozenset(t for t in special(texts) if t.startswith("<") and t.endswith(">"))
+    specials = frozenset(
+        t for t in vocabulary.special(texts) if t.startswith("<") and t.endswith(">")
+    )
     lines = ["%llguidance {}", "start: seg* TEXT"]
     lines.append("seg: " + " | ".join(f"trig_{k}" for k in range(len(triggers))))
     for k, (trigger, members) in enumerate(triggers.items()):
@@ -163,10 +189,7 @@ def structural_tag_grammar(
             if closed_objects:
                 schema = no_additional_properties(schema)
             schema = {**schema, "x-guidance": dict(JSON_LAYOUT)}
-            error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(schema))
-            if error:
-                where = f"{field}.structures[{i}].schema"
-                raise APIError(400, f"{where}: invalid JSON schema: {error}", param=where)
+            vocabulary.check_schema(schema, f"{field}.structures[{i}].schema")
             rest = s.begin[len(trigger) :]
             parts = [json.dumps(rest)] if rest else []
             parts.append(f"body_{i}")

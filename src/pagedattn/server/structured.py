@@ -26,31 +26,28 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pagedattn.server.protocol as p
 from pagedattn.engine.guided import GrammarCompiler, GuidedSpec
 from pagedattn.sampling_params import LogitsProcessor
 from pagedattn.server.errors import APIError
-from pagedattn.server.structural_tag import parse_structural_tag, structural_tag_grammar
+from pagedattn.server.structural_tag import (
+    Vocabulary,
+    parse_structural_tag,
+    structural_tag_grammar,
+)
 from pagedattn.server.structured_outputs import StructuredOutputs, no_additional_properties
 
 BACKENDS = (None, "auto", "guidance", "llguidance")
-
-SpecialTokens = Callable[[tuple[str, ...]], frozenset[str]]
-
-
-def _no_special(texts: tuple[str, ...]) -> frozenset[str]:
-    return frozenset()
+COMPILE_ONLY = Vocabulary()  # no special tokens; schemas compiled without a tokenizer
 
 
-def guided_spec(req: p.SamplingFields, special: SpecialTokens = _no_special) -> GuidedSpec | None:
+def guided_spec(req: p.SamplingFields, vocabulary: Vocabulary = COMPILE_ONLY) -> GuidedSpec | None:
     """The request's structured-output constraint, or None.
 
     Args:
-        special: which of the given texts are one special token of the vocabulary (the
-            triggers and ends of a structural tag).
+        vocabulary: the model's special tokens and schema check (for a structural tag).
 
     Raises:
         APIError: 400 when two constraints are given, a ``json_schema`` format has no schema,
@@ -83,7 +80,7 @@ def guided_spec(req: p.SamplingFields, special: SpecialTokens = _no_special) -> 
                 param="response_format.json_schema",
             )
         tag = parse_structural_tag({"type": fmt.type, **(fmt.model_extra or {})}, "response_format")
-        grammar = structural_tag_grammar(tag, "response_format", special)
+        grammar = structural_tag_grammar(tag, "response_format", vocabulary)
         specs.append(GuidedSpec("grammar", grammar, "response_format"))
     if req.guided_json is not None:
         specs.append(GuidedSpec("json", req.guided_json, "guided_json"))
@@ -93,7 +90,7 @@ def guided_spec(req: p.SamplingFields, special: SpecialTokens = _no_special) -> 
         specs.append(GuidedSpec("choice", req.guided_choice, "guided_choice"))
     if req.guided_grammar is not None:
         specs.append(GuidedSpec("grammar", req.guided_grammar, "guided_grammar"))
-    specs += structured_output_specs(req.structured_outputs, special)
+    specs += structured_output_specs(req.structured_outputs, vocabulary)
     ws_field, ws = "guided_whitespace_pattern", req.guided_whitespace_pattern
     so_ws = None if req.structured_outputs is None else req.structured_outputs.whitespace_pattern
     if so_ws is not None:
@@ -132,7 +129,7 @@ FIELD = "structured_outputs"
 
 
 def structured_output_specs(
-    fields: StructuredOutputs | None, special: SpecialTokens = _no_special
+    fields: StructuredOutputs | None, vocabulary: Vocabulary = COMPILE_ONLY
 ) -> list[GuidedSpec]:
     """The constraints ``structured_outputs`` asks for (each :class:`GuidedSpec` names its
     sub-field, e.g. ``structured_outputs.json``); whitespace is applied by the caller.
@@ -148,7 +145,8 @@ def structured_output_specs(
     if fields.structural_tag is not None:
         where = f"{FIELD}.structural_tag"
         tag = parse_structural_tag(fields.structural_tag, where)
-        grammar = structural_tag_grammar(tag, where, special, fields.disable_additional_properties)
+        closed = fields.disable_additional_properties
+        grammar = structural_tag_grammar(tag, where, vocabulary, closed)
         specs.append(GuidedSpec("grammar", grammar, where))
     if fields.json_schema is not None:
         schema: Any = fields.json_schema
@@ -236,7 +234,7 @@ class StructuredOutput:
             APIError: 400 from :func:`guided_spec`, a structured-output field together with
                 tool calls, or a constraint that does not compile.
         """
-        spec = guided_spec(req, self._special_of(req))
+        spec = guided_spec(req, self._vocabulary(req))
         if spec is not None and tool_spec is not None:
             raise APIError(
                 400,
@@ -246,6 +244,11 @@ class StructuredOutput:
         spec = spec or tool_spec
         if spec is None:
             return ()
+        return (self._compiled(spec),)
+
+    def _compiled(self, spec: GuidedSpec) -> LogitsProcessor:
+        """A processor for ``spec``. Raises APIError 400 naming ``spec.field`` when it does
+        not compile or admits no output."""
         try:
             processor = self.compiler(spec.field).processor(spec)
         except ValueError as exc:
@@ -263,10 +266,16 @@ class StructuredOutput:
                 "only refers to itself has no instance",
                 param=spec.field,
             )
-        return (processor,)
+        return processor
 
-    def _special_of(self, req: p.SamplingFields) -> SpecialTokens:
+    def _vocabulary(self, req: p.SamplingFields) -> Vocabulary:
         field = "response_format"
         if req.structured_outputs is not None and req.structured_outputs.structural_tag:
             field = f"{FIELD}.structural_tag"
-        return lambda texts: self.special_tokens(texts, field)
+        return Vocabulary(
+            special=lambda texts: self.special_tokens(texts, field),
+            check_schema=lambda schema, where: self._check_schema(schema, where),
+        )
+
+    def _check_schema(self, schema: dict[str, Any], where: str) -> None:
+        self._compiled(GuidedSpec("json", schema, where))
