@@ -18,7 +18,8 @@ no structure starts with has no effect.
 Refused, with a 400 naming the field's path (``...structures[0].schema``): unknown keys
 (xgrammar's newer ``format`` form among them), no structures, a ``begin`` that starts with no
 trigger, an empty trigger, a trigger that contains another one (the first would always fire
-first), a missing or invalid schema.
+first), a missing or invalid schema, and one without an instance (a segment that could
+never end).
 """
 
 from __future__ import annotations
