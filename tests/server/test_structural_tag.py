@@ -131,7 +131,9 @@ def test_every_segment_validates_and_text_between_is_free(
     assert free_text  # text outside the segments is unconstrained
 
 
-def test_the_three_spellings_constrain_alike(srv: RunningServer, bias: dict[str, int]) -> None:
+def test_the_three_spellings_and_streaming_constrain_alike(
+    srv: RunningServer, bias: dict[str, int]
+) -> None:
     client = openai_client(srv.url)
     base = {
         "model": "tiny-stag",
@@ -149,6 +151,10 @@ def test_the_three_spellings_constrain_alike(srv: RunningServer, bias: dict[str,
         )
     ]
     texts = {r.choices[0].text for r in outs}
+    stream = client.completions.create(
+        **base, stream=True, extra_body={"skip_special_tokens": False, "response_format": TAG}
+    )
+    texts.add("".join(chunk.choices[0].text for chunk in stream if chunk.choices))
     assert len(texts) == 1
     assert check(texts.pop(), TAG, outs[0].choices[0].finish_reason)
 
