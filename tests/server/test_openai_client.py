@@ -3,9 +3,11 @@ completions, streamed and not, stop strings, seeds, usage numbers, model listing
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from pagedattn.engine.llm import LLM
@@ -168,3 +170,46 @@ def test_token_id_prompt_and_user_field(client: Any, llm: LLM) -> None:
     )
     assert out.choices[0].text == solo(llm, PROMPT, max_tokens=5).outputs[0].text
     assert out.usage.prompt_tokens == len(ids)
+
+
+def chunk_line(chunk_id: str, created: int, index: int, text: str) -> str:
+    """A text-only chat delta event as OpenAI spells it, written out by hand."""
+    return (
+        f'data: {{"id":"{chunk_id}","object":"chat.completion.chunk","created":{created},'
+        f'"model":"tiny-llama","choices":[{{"index":{index},"delta":{{"content":'
+        f'{json.dumps(text)}}},"logprobs":null,"finish_reason":null}}],"usage":null,'
+        '"system_fingerprint":null}'
+    )
+
+
+def test_streamed_chat_text_events_are_openai_chunks_byte_for_byte(
+    server: RunningServer, llm: LLM
+) -> None:
+    expected = solo(llm, MESSAGES, max_tokens=8)
+    body = {
+        "model": "tiny-llama",
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "n": 2,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    texts: dict[int, str] = {0: "", 1: ""}
+    content_events = 0
+    url = f"{server.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            choice = event["choices"][0] if event["choices"] else None
+            if choice is None or set(choice["delta"]) != {"content"} or choice["finish_reason"]:
+                continue
+            index, text = choice["index"], choice["delta"]["content"]
+            if text:
+                content_events += 1
+                assert line == chunk_line(event["id"], event["created"], index, text)
+            texts[index] += text
+    assert content_events >= 2
+    assert texts[0] == texts[1] == expected.outputs[0].text

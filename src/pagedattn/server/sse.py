@@ -56,6 +56,33 @@ def _event(data: Any) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+_MARK = "\x00content"  # no text JSON-encodes to its escaped form: a safe place holder
+
+
+class ContentEvents:
+    """The event of a chat delta that carries text alone (no logprobs, no finish), per token
+    the hot path of a stream: the bytes of dumping its :class:`ChatCompletionChunk` (the
+    model is dumped once per choice index, the text spliced in), without building and
+    dumping the model each token."""
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        self.request_id, self.created, self.model = request_id, created, model
+        self._parts: dict[int, tuple[str, str]] = {}
+
+    def __call__(self, index: int, text: str) -> str:
+        parts = self._parts.get(index)
+        if parts is None:
+            choice = p.ChatChunkChoice(index=index, delta=p.ChatDelta(content=_MARK))
+            chunk = p.ChatCompletionChunk(
+                id=self.request_id, created=self.created, model=self.model, choices=[choice]
+            )
+            data = p.dump(chunk)
+            data["choices"][0]["delta"] = {"content": _MARK}
+            head, tail = _event(data).split(json.dumps(_MARK))
+            parts = self._parts[index] = (head, tail)
+        return parts[0] + json.dumps(text) + parts[1]
+
+
 async def sse_events(
     outputs: AsyncIterator[RequestOutput],
     request_id: str,
@@ -92,6 +119,7 @@ async def sse_events(
         body = p.Completion(id=request_id, created=created, model=model, choices=[choice])
         return _event(p.dump(body))
 
+    content_event = ContentEvents(request_id, created, model)
     plan = prepared.tools
     tool_streams = {} if plan is None else {i: ToolStream(plan) for i in range(prepared.params.n)}
 
@@ -140,7 +168,9 @@ async def sse_events(
                     stream = tool_streams.get(c.index)
                     text = c.text if stream is None else stream.feed(c.text)
                     if text or has_logprobs:
-                        if chat:
+                        if chat and prepared.num_top is None:
+                            yield content_event(c.index, text)
+                        elif chat:
                             yield chat_chunk(c.index, p.ChatDelta(content=text), c, False)
                         else:
                             yield completion(out, c, False, False)
