@@ -5,7 +5,9 @@ cores), sends the same burst of streaming chat requests (``load.py``: greedy, ``
 ``--num-requests`` x ``--max-tokens``) at each concurrency, stops it, and prints one row per
 concurrency with both servers' output tok/s, TTFT p50 and inter-token p50, the ratio, and the
 comparisons with their goals: output tok/s >= llama-server's at every concurrency, and our
-TTFT p50 lower under load (the highest concurrency).
+TTFT p50 lower under load (the highest concurrency). At concurrency 1 it also runs the engine
+alone (``engine_itl.py``, in a process of its own, before and after our server) and prints what
+the server path adds to the inter-token p50.
 
 Usage (llama-server from ``../shared/scripts/build-llama-cpp.sh``)::
 
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -80,6 +83,22 @@ def measure(
     return out
 
 
+def engine_alone(
+    model: str, n: int, max_tokens: int, serve_args: list[str], env: dict[str, str]
+) -> dict[str, float] | None:
+    """``engine_itl.py``'s figures, or None when it cannot take ``serve_args`` (it knows
+    ``--activations`` and ``--kv-cache-dtype``) or fails."""
+    script = Path(__file__).with_name("engine_itl.py")
+    cmd = [sys.executable, str(script), "--model", model, "--num-requests", str(n)]
+    cmd += ["--max-tokens", str(max_tokens), *serve_args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        print(f"engine alone not measured: {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2)")
@@ -105,8 +124,17 @@ def main() -> None:
     cli = str(Path(sys.executable).parent / "pagedattn")
     ours = [cli, "serve", "-m", model, "--port", str(port)]
     ours += ["--log-level", "warning", "--max-num-seqs", str(max(conc)), *args.serve_args.split()]
+    alone: list[dict[str, float] | None] = []
+    solo_n = min(args.num_requests, 8)
+    if 1 in conc:
+        alone.append(engine_alone(model, solo_n, args.max_tokens, args.serve_args.split(), env))
     with server(ours, port, env, logs / "compare-pagedattn.log") as url:
         figures["pagedattn"] = measure(url, conc, args.num_requests, args.max_tokens)
+    if 1 in conc:
+        alone.append(engine_alone(model, solo_n, args.max_tokens, args.serve_args.split(), env))
+    if alone and all(a is not None for a in alone):
+        runs = [a for a in alone if a is not None]
+        figures["engine-alone"] = {1: {k: float(np.mean([a[k] for a in runs])) for k in runs[0]}}
     binary = args.llama_server and shutil.which(args.llama_server)
     if binary:
         port = free_port()
@@ -148,6 +176,16 @@ def report(
         table.add_row(*row)
     console = Console(width=160)
     console.print(table)
+    solo = figures.get("engine-alone")
+    if solo is not None:
+        server_itl, engine_itl = ours[1]["itl_p50_ms"], solo[1]["itl_p50_ms"]
+        extra = server_itl - engine_itl
+        console.print(
+            f"inter-token p50 at concurrency 1: server {server_itl:.2f} ms vs the engine alone "
+            f"{engine_itl:.2f} ms (mean of a run before and after the server): the server path "
+            f"adds {extra:+.2f} ms ({extra / engine_itl:+.1%}); goal: within 0.5 ms: "
+            f"{'met' if extra <= 0.5 else 'not met'}"
+        )
     if peer is not None:
         top = max(conc)
         lower = ours[top]["ttft_p50_ms"] < peer[top]["ttft_p50_ms"]
