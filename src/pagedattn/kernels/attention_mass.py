@@ -21,7 +21,7 @@ from pagedattn.kernels.paged import F32Array, paged_attention_decode
 from pagedattn.kernels.paged_checks import IntArray, check_array, check_caches, int_array
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _mass_kernel(
     q: np.ndarray,
     q_sink: np.ndarray,

@@ -61,7 +61,7 @@ def _merge_splits(
     lse[s, head] = m + np.log(total)
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True, nogil=True)
 def decode_kernel(
     q: np.ndarray,
     q_sink: np.ndarray,

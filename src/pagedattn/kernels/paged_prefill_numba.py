@@ -189,7 +189,7 @@ def _load_queries(
                 qT[d, r * group + h] = q[row0 + r, g * group + h, d] * scale
 
 
-@njit(parallel=True, fastmath=FASTMATH, cache=True, boundscheck=False)
+@njit(parallel=True, fastmath=FASTMATH, cache=True, nogil=True, boundscheck=False)
 def prefill_kernel(
     q: np.ndarray,
     q_sink: np.ndarray,
