@@ -123,7 +123,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summarize(results: list[Result], wall_s: float) -> dict[str, float]:
-    """Figures of one setting: ok, total, req/s, output tok/s, TTFT and ITL p50 / p99 (ms)."""
+    """Figures of one setting: ok, total, req/s, output tok/s, TTFT and ITL p50 / p99, ITL mean
+    (ms)."""
     ok = [r for r in results if r.ok]
     ttft = [r.ttft_s for r in ok if math.isfinite(r.ttft_s)]
     itl = [g for r in ok for g in r.itl_s]
@@ -136,6 +137,7 @@ def summarize(results: list[Result], wall_s: float) -> dict[str, float]:
         "ttft_p99_ms": pct(ttft, 99),
         "itl_p50_ms": pct(itl, 50),
         "itl_p99_ms": pct(itl, 99),
+        "itl_mean_ms": float(np.mean(itl)) * 1000 if itl else math.nan,
     }
 
 
