@@ -19,16 +19,23 @@ def scatter_sequences(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Write each sequence's dense (k_len, num_kv_heads, head_dim) K/V into shuffled pages.
 
-    Returns (k_cache, v_cache, page_tables) of ``dtype`` (float32 or float16); unused slots
-    hold ``fill`` and unused table entries are -1.
+    Returns (k_cache, v_cache, page_tables) of ``dtype`` (float32, float16, or int8 with rows
+    ``head_dim + 4`` wide); unused slots hold ``fill`` (int8: code 127 and a ``fill`` scale)
+    and unused table entries are -1.
     """
     num_kv_heads, head_dim = ks[0].shape[1], ks[0].shape[2]
     pages_per_seq = [-(-k.shape[0] // page_size) for k in ks]
     num_pages = sum(pages_per_seq) + extra_pages
     max_pages = max([*pages_per_seq, 1]) + 1
-    shape = (num_pages, num_kv_heads, page_size, head_dim)
-    k_cache = np.full(shape, fill, dtype)
-    v_cache = np.full(shape, fill, dtype)
+    if np.dtype(dtype) == np.int8:
+        shape = (num_pages, num_kv_heads, page_size, head_dim + 4)
+        k_cache, v_cache = np.full(shape, 127, np.int8), np.full(shape, 127, np.int8)
+        for c in (k_cache, v_cache):
+            c.view(np.float32)[..., -1] = fill
+    else:
+        shape = (num_pages, num_kv_heads, page_size, head_dim)
+        k_cache = np.full(shape, fill, dtype)
+        v_cache = np.full(shape, fill, dtype)
     tables = np.full((len(ks), max_pages), -1, np.int32)
     free = rng.permutation(num_pages).astype(np.int32)
     used = 0

@@ -136,7 +136,7 @@ def test_a_float16_pool_reaches_the_kernels_as_its_bits_without_a_copy() -> None
     ("k_dtype", "v_dtype", "message"),
     [
         (np.float16, np.float32, r"v_cache: expected float16 like k_cache, got float32"),
-        (np.float64, np.float64, r"k_cache: expected float32 or float16 .*, got float64"),
+        (np.float64, np.float64, r"k_cache: expected float32, float16 or int8 .*, got float64"),
     ],
 )
 def test_caches_of_other_or_mixed_dtypes_are_refused(

@@ -132,7 +132,7 @@ def test_bad_kv_pool_and_ids_are_refused(tiny_model: LlamaModel) -> None:
     with pytest.raises(ValueError, match=r"input_ids must be in \[0, 272\)"):
         state.step({seq: [272]})
     state.kv = np.zeros((2, 2, 2, 3, 16, 16), np.float32)
-    expected = r"kv: expected C-contiguous float32 or float16 \(num_layers=2"
+    expected = r"kv: expected C-contiguous float32, float16 or int8 \(num_layers=2"
     with pytest.raises(ValueError, match=expected):
         state.step({seq: [5]})
 

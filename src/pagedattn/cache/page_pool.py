@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from pagedattn.backends import BackendSpec, array_module
+from pagedattn.kernels.kv_dtype import pool_row_width
+from pagedattn.kernels.kv_int8 import INT8
 
 
 class PagePool:
@@ -16,19 +18,23 @@ class PagePool:
     Index 0 of axis 1 holds keys, index 1 values. Each (page, kv head) is one contiguous
     ``page_size x head_dim`` tile, the layout of vLLM's / FlashInfer's paged KV cache
     (https://docs.flashinfer.ai/tutorials/kv_layout.html). A token's KV lives at
-    ``slot = page_id * page_size + offset``.
+    ``slot = page_id * page_size + offset``. An int8 pool's rows are ``head_dim + 4`` wide
+    (``row_width``): the codes, then the row's float32 scale (:mod:`pagedattn.kernels.kv_int8`),
+    so a page, its copy and its stored record hold codes and scales together.
 
     Args:
         num_layers, num_pages, num_kv_heads, page_size, head_dim: positive ints.
         dtype: storage dtype (float32 by default; the kernels compute in float32), a NumPy
-            dtype; on another backend the same-named dtype of its library.
+            dtype; on another backend the same-named dtype of its library. int8 (quantized
+            pages) is NumPy only.
         backend: which array library and device hold the array (:mod:`pagedattn.backends`);
             None is NumPy on the host. Whatever the backend, :meth:`read_page` and
             :meth:`write_page` exchange host NumPy arrays, so the storage tiers and the cache
             bookkeeping never see a device array.
 
     Raises:
-        ValueError: a size is not a positive int.
+        ValueError: a size is not a positive int, or int8 on another backend than NumPy or
+            with a head_dim that is not a multiple of 4.
         pagedattn.backends.BackendError: the backend's library is not installed.
     """
 
@@ -58,7 +64,13 @@ class PagePool:
         self.head_dim = head_dim
         self.backend = backend or BackendSpec("numpy", "cpu")
         self.dtype = np.dtype(dtype)
-        shape = (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim)
+        if self.dtype == INT8 and self.backend.name != "numpy":
+            raise ValueError(
+                f"PagePool: dtype int8 (quantized KV pages) needs the numpy backend, "
+                f"got {self.backend.name}"
+            )
+        self.row_width = pool_row_width(self.dtype, head_dim)
+        shape = (num_layers, 2, num_pages, num_kv_heads, page_size, self.row_width)
         xp = array_module(self.backend)
         if self.backend.name == "numpy":
             self.kv: Any = np.zeros(shape, self.dtype)
@@ -79,7 +91,7 @@ class PagePool:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
 
     def k_cache(self, layer: int) -> Any:
-        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's keys
+        """C-contiguous view ``(num_pages, num_kv_heads, page_size, row_width)`` of layer's keys
         (an array of the pool's backend).
 
         Raises:
@@ -89,7 +101,7 @@ class PagePool:
         return self.kv[layer, 0]
 
     def v_cache(self, layer: int) -> Any:
-        """C-contiguous view ``(num_pages, num_kv_heads, page_size, head_dim)`` of layer's values
+        """C-contiguous view ``(num_pages, num_kv_heads, page_size, row_width)`` of layer's values
         (an array of the pool's backend).
 
         Raises:
@@ -100,7 +112,7 @@ class PagePool:
 
     def read_page(self, page_id: int) -> np.ndarray:
         """Host NumPy copy of one page over all layers:
-        ``(num_layers, 2, num_kv_heads, page_size, head_dim)`` of the pool's dtype.
+        ``(num_layers, 2, num_kv_heads, page_size, row_width)`` of the pool's dtype.
 
         Raises:
             ValueError: page_id out of range.
@@ -117,13 +129,13 @@ class PagePool:
         """Overwrite page ``page_id`` (all layers) with host array ``kv``.
 
         Args:
-            kv: ``(num_layers, 2, num_kv_heads, page_size, head_dim)`` of the pool's dtype.
+            kv: ``(num_layers, 2, num_kv_heads, page_size, row_width)`` of the pool's dtype.
 
         Raises:
             ValueError: page_id out of range, or ``kv`` of another shape or dtype.
         """
         self._check_page(page_id)
-        expected = (self.num_layers, 2, self.num_kv_heads, self.page_size, self.head_dim)
+        expected = (self.num_layers, 2, self.num_kv_heads, self.page_size, self.row_width)
         if tuple(kv.shape) != expected or kv.dtype != self.dtype:
             raise ValueError(
                 f"write_page: expected {self.dtype} {expected}, got {kv.dtype} {tuple(kv.shape)}"

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from pagedattn.kernels.kv_dtype import kernel_cache, load_f32
+from pagedattn.kernels.kv_int8 import row_scale
 from pagedattn.kernels.paged import F32Array, paged_attention_decode
 from pagedattn.kernels.paged_checks import IntArray, check_array, check_caches, int_array
 
@@ -62,6 +63,7 @@ def _mass_kernel(
                     else:
                         for d in range(head_dim):
                             dot += q[s, h, d] * load_f32(k_cache[pid, kvh, off, d])
+                    dot *= row_scale(k_cache, pid, kvh, off)
                     total += math.exp(scale * dot - lse[s, h])
             out[s, i] = total
 
@@ -83,7 +85,8 @@ def page_attention_mass(
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``, the queries given to
             :func:`pagedattn.kernels.paged_attention_decode`.
-        k_cache: float32 or float16 ``(num_pages, num_kv_heads, page_size, head_dim)``.
+        k_cache: float32, float16 or int8 ``(num_pages, num_kv_heads, page_size, head_dim)``
+            (int8: ``head_dim + 4`` wide, :mod:`pagedattn.kernels.kv_int8`).
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent (mass 0).
         context_lens: integer ``(num_seqs,)``.
         lse: float32 ``(num_seqs, num_heads)``, the decode kernel's log-sum-exp of the same step.

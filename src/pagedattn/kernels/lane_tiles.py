@@ -15,7 +15,9 @@ registers (8 ymm on AVX2) while each step loads one lane vector and broadcasts a
 elements, instead of reloading and storing ``st`` / ``acc`` rows for every few products. Every
 output is one in-order chain of ``fma`` over ``d`` (scores) or keys (values), whatever the
 tile shape: the result does not depend on how LLVM compiled it. Pools hold float32, or float16
-as uint16 bits (``kernels/kv_dtype.py``), widened exactly on load.
+as uint16 bits (``kernels/kv_dtype.py``), widened exactly on load, or int8 codes with a float32
+scale per row (``kernels/kv_int8.py``): a key's scale multiplies its finished scores, a value
+row's scale its score lanes before they weigh the codes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pagedattn.kernels.half_ir import widen_half_bits
+from pagedattn.kernels.kv_int8 import SCALE_BYTES
 from pagedattn.kernels.simd_ir import (
     F32,
     Arr2D,
@@ -45,15 +48,18 @@ DIM_TILE = 4  # head dims per value tile
 
 class _Pool:
     """Element pointers and float32 loads of a 4-D (num_pages, num_kv_heads, page_size,
-    head_dim) pool of float32 or uint16 (float16 bits)."""
+    head_dim) pool of float32, uint16 (float16 bits) or int8 (codes, then a float32 scale)."""
 
     def __init__(self, context: Any, builder: ir.IRBuilder, ty: Any, value: ir.Value) -> None:
         arr = context.make_array(ty)(context, builder, value)
         self.data = arr.data
         self.half = ty.dtype == types.uint16
+        self.int8 = ty.dtype == types.int8
         itemsize = context.get_abi_sizeof(context.get_data_type(ty.dtype))
         strides = cgutils.unpack_tuple(builder, arr.strides, 4)
         self.strides = [builder.sdiv(s, s.type(itemsize)) for s in strides]
+        width = cgutils.unpack_tuple(builder, arr.shape, 4)[3]
+        self.code_end = builder.sub(width, width.type(SCALE_BYTES))
 
     def row(self, builder: ir.IRBuilder, page: ir.Value, g: ir.Value, t: ir.Value) -> ir.Value:
         """Pointer to ``pool[page, g, t, 0]``."""
@@ -66,12 +72,21 @@ class _Pool:
     def load(self, builder: ir.IRBuilder, row: ir.Value, d: ir.Value) -> ir.Value:
         """float32 value of ``row[d]`` (``d`` in elements)."""
         value = builder.load(builder.gep(row, [builder.mul(d, self.strides[3])]))
+        if self.int8:
+            return builder.sitofp(value, F32)
         return widen_half_bits(builder, value) if self.half else value
+
+    def scale(self, builder: ir.IRBuilder, row: ir.Value) -> ir.Value:
+        """float32 scale of an int8 ``row`` (its last 4 bytes)."""
+        at = builder.gep(row, [builder.mul(self.code_end, self.strides[3])])
+        return builder.load(builder.bitcast(at, F32.as_pointer()), align=4)
 
 
 def _is_pool(ty: Any) -> bool:
     return (
-        isinstance(ty, types.Array) and ty.ndim == 4 and ty.dtype in (types.float32, types.uint16)
+        isinstance(ty, types.Array)
+        and ty.ndim == 4
+        and ty.dtype in (types.float32, types.uint16, types.int8)
     )
 
 
@@ -124,6 +139,11 @@ def make_score_tile(keys: int) -> Any:
                 ]
 
             carried_loop(builder, q_arr.shape[0], accs, body)
+            if pool.int8:  # s_i (q . c_i): the key's scale on its code product
+                accs = [
+                    builder.fmul(acc, splat(builder, pool.scale(builder, row), TILE_LANES))
+                    for row, acc in zip(rows, accs, strict=True)
+                ]
             for i, acc in enumerate(accs):
                 store_vector(builder, acc, st_arr.ptr(builder, builder.add(j_i, i64(i)), lane_i))
             return context.get_dummy_value()
@@ -171,6 +191,8 @@ def make_value_tile(dims: int) -> Any:
                 st_row = st_arr.ptr(builder, builder.add(j_i, i), lane_i)
                 sv = load_vector(builder, st_row, TILE_LANES)
                 row = pool.row(builder, page_i, g_i, builder.add(t_i, i))
+                if pool.int8:  # (p_i s_i) c_i: the row's scale on its weights
+                    sv = builder.fmul(sv, splat(builder, pool.scale(builder, row), TILE_LANES))
                 out = []
                 for k, acc in enumerate(accs):
                     v = pool.load(builder, row, builder.add(d_i, i64(k)))

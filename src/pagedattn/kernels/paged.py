@@ -108,8 +108,9 @@ def write_kv(
     """Store the new tokens' keys and values at their slots, in place.
 
     Args:
-        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
-            head_dim)``, C-contiguous; float16 is rounded to nearest-even on write.
+        k_cache, v_cache: float32, float16 or int8 (both alike) ``(num_pages, num_kv_heads,
+            page_size, head_dim)`` (int8: ``head_dim + 4``, :mod:`~.kv_int8`), C-contiguous;
+            float16 is rounded to nearest-even on write, int8 quantized per row.
         k, v: float32 ``(num_tokens, num_kv_heads, head_dim)``.
         slot_mapping: integer ``(num_tokens,)``; slot = page_id * page_size + offset, in
             ``[0, num_pages * page_size)``; ``-1`` skips the token (padding).
@@ -178,8 +179,9 @@ def paged_attention_decode(
 
     Args:
         q: float32 ``(num_seqs, num_heads, head_dim)``; ``num_heads % num_kv_heads == 0``.
-        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
-            head_dim)``, C-contiguous; float16 is widened to float32 exactly.
+        k_cache, v_cache: float32, float16 or int8 (both alike) ``(num_pages, num_kv_heads,
+            page_size, head_dim)`` (int8: ``head_dim + 4``, :mod:`~.kv_int8`), C-contiguous;
+            float16 is widened to float32 exactly, int8 rows' scales folded in.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` marks an absent page
             (evicted by the cache): its keys are not visible and it is never read.
         context_lens: integer ``(num_seqs,)``, KV tokens of each sequence including the new one
@@ -236,8 +238,9 @@ def paged_attention_prefill(
 
     Args:
         q: float32 ``(num_tokens, num_heads, head_dim)``, the new tokens of all sequences, flat.
-        k_cache, v_cache: float32 or float16 (both) ``(num_pages, num_kv_heads, page_size,
-            head_dim)``, C-contiguous; float16 is widened to float32 exactly.
+        k_cache, v_cache: float32, float16 or int8 (both alike) ``(num_pages, num_kv_heads,
+            page_size, head_dim)`` (int8: ``head_dim + 4``, :mod:`~.kv_int8`), C-contiguous;
+            float16 is widened to float32 exactly, int8 rows' scales folded in.
         page_tables: integer ``(num_seqs, max_pages_per_seq)``; ``-1`` = absent page, as in
             :func:`paged_attention_decode`.
         query_start_loc: integer ``(num_seqs + 1,)``, non-decreasing, from 0 to ``num_tokens``.

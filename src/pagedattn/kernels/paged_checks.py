@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from pagedattn.kernels.kv_dtype import POOL_DTYPES
+from pagedattn.kernels.kv_dtype import POOL_DTYPES, pool_head_dim
+from pagedattn.kernels.kv_int8 import INT8, SCALE_BYTES
 
 IntArray = npt.NDArray[np.integer[Any]]
 CacheShape = tuple[int, int, int, int]  # (num_pages, num_kv_heads, page_size, head_dim)
@@ -68,8 +69,9 @@ def int_array(name: str, a: Any, expected: tuple[int, ...], names: str) -> npt.N
 
 
 def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
-    """Validate the K/V cache pair (float32, or float16 both); return (num_pages, num_kv_heads,
-    page_size, head_dim). Hand the kernels :func:`~pagedattn.kernels.kv_dtype.kernel_cache`."""
+    """Validate the K/V cache pair (float32, float16 or int8, both alike); return (num_pages,
+    num_kv_heads, page_size, head_dim), head_dim being an int8 pool's last axis less its scale
+    bytes. Hand the kernels :func:`~pagedattn.kernels.kv_dtype.kernel_cache`."""
     if (  # the common case in one expression (a decode call pays for every check)
         type(k_cache) is np.ndarray
         and type(v_cache) is np.ndarray
@@ -80,7 +82,10 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
         and k_cache.flags.c_contiguous
         and v_cache.flags.c_contiguous
         and k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
+        and (k_cache.dtype != INT8 or _int8_width_ok(k_cache.shape[3]))
     ):
+        if k_cache.dtype == INT8:
+            return (*k_cache.shape[:3], k_cache.shape[3] - SCALE_BYTES)  # type: ignore[return-value]
         return k_cache.shape  # type: ignore[no-any-return]
     if not isinstance(k_cache, np.ndarray) or k_cache.ndim != 4:
         shape = getattr(k_cache, "shape", type(k_cache).__name__)
@@ -88,7 +93,9 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         dtype = getattr(c, "dtype", type(c).__name__)
         if not isinstance(c, np.ndarray) or dtype not in POOL_DTYPES:
-            raise ValueError(f"{name}: expected float32 or float16 {CACHE_SHAPE}, got {dtype}")
+            raise ValueError(
+                f"{name}: expected float32, float16 or int8 {CACHE_SHAPE}, got {dtype}"
+            )
         if c.dtype != k_cache.dtype:
             raise ValueError(f"{name}: expected {k_cache.dtype} like k_cache, got {c.dtype}")
         if c.shape != k_cache.shape:
@@ -96,10 +103,21 @@ def check_caches(k_cache: Any, v_cache: Any) -> tuple[int, int, int, int]:
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not c.flags.c_contiguous:
             raise ValueError(f"{name}: expected a C-contiguous {CACHE_SHAPE} array (a pool view)")
-    num_pages, num_kv_heads, page_size, head_dim = k_cache.shape
+    num_pages, num_kv_heads, page_size, width = k_cache.shape
+    if k_cache.dtype == INT8 and not _int8_width_ok(width):
+        raise ValueError(
+            f"k_cache: expected int8 (num_pages, num_kv_heads, page_size, head_dim + 4), head_dim "
+            f"a positive multiple of 4 (codes, then the row's float32 scale), got {k_cache.shape}"
+        )
+    head_dim = pool_head_dim(k_cache.dtype, width)
     if num_kv_heads == 0 or page_size == 0 or head_dim == 0:
         raise ValueError(f"k_cache: expected non-empty {CACHE_SHAPE}, got {k_cache.shape}")
     return num_pages, num_kv_heads, page_size, head_dim
+
+
+def _int8_width_ok(width: int) -> bool:
+    """An int8 row: a positive multiple of 4 codes, then the 4 scale bytes."""
+    return width > SCALE_BYTES and width % SCALE_BYTES == 0
 
 
 def check_window(sliding_window: int | None, num_sink_tokens: int) -> int:

@@ -15,6 +15,7 @@ from numba import njit
 
 from pagedattn.kernels.fast_exp import exp_poly, exp_reduce
 from pagedattn.kernels.kv_dtype import load_f32
+from pagedattn.kernels.kv_int8 import row_scale
 from pagedattn.kernels.numba_consts import BLOCK_KEYS, FASTMATH, FASTMATH_ORDERED, NEG_INF
 
 
@@ -108,6 +109,9 @@ def _attend(
                 t4 = t_lo
                 while t4 + 4 <= t_hi:  # four K rows per pass: each q element loaded once for them
                     t, j = t4, base + t4 - key0
+                    # An int8 row's scale multiplies its code product (1 for float pools).
+                    c0, c1 = row_scale(k_cache, page, g, t), row_scale(k_cache, page, g, t + 1)
+                    c2, c3 = row_scale(k_cache, page, g, t + 2), row_scale(k_cache, page, g, t + 3)
                     for h in range(group):  # the rows stay in L1 for every head of the group
                         s0 = s1 = s2 = s3 = np.float32(0.0)
                         for d in range(head_dim):
@@ -116,18 +120,19 @@ def _attend(
                             s1 += qd * load_f32(k_cache[page, g, t + 1, d])
                             s2 += qd * load_f32(k_cache[page, g, t + 2, d])
                             s3 += qd * load_f32(k_cache[page, g, t + 3, d])
-                        scores[h, j] = s0
-                        scores[h, j + 1] = s1
-                        scores[h, j + 2] = s2
-                        scores[h, j + 3] = s3
+                        scores[h, j] = s0 * c0
+                        scores[h, j + 1] = s1 * c1
+                        scores[h, j + 2] = s2 * c2
+                        scores[h, j + 3] = s3 * c3
                     t4 += 4
                 for t in range(t4, t_hi):
                     j = base + t - key0
+                    c = row_scale(k_cache, page, g, t)
                     for h in range(group):
                         s = np.float32(0.0)
                         for d in range(head_dim):
                             s += qv[r, h, d] * load_f32(k_cache[page, g, t, d])
-                        scores[h, j] = s
+                        scores[h, j] = s * c
             for h in range(group):
                 block_max = NEG_INF
                 for j in range(k0 - key0, k1 - key0):
@@ -156,9 +161,11 @@ def _attend(
                 # sixteen rows were slower still (interleaved A/B over 30 distinct pools).
                 while t4 + 4 <= t_hi:
                     t, j = t4, base + t4 - key0
-                    for h in range(group):
-                        e0, e1 = scores[h, j], scores[h, j + 1]
-                        e2, e3 = scores[h, j + 2], scores[h, j + 3]
+                    c0, c1 = row_scale(v_cache, page, g, t), row_scale(v_cache, page, g, t + 1)
+                    c2, c3 = row_scale(v_cache, page, g, t + 2), row_scale(v_cache, page, g, t + 3)
+                    for h in range(group):  # an int8 row's scale folds into its weight
+                        e0, e1 = scores[h, j] * c0, scores[h, j + 1] * c1
+                        e2, e3 = scores[h, j + 2] * c2, scores[h, j + 3] * c3
                         for d in range(head_dim):
                             v0 = load_f32(v_cache[page, g, t, d])
                             v1 = load_f32(v_cache[page, g, t + 1, d])
@@ -168,8 +175,9 @@ def _attend(
                     t4 += 4
                 for t in range(t4, t_hi):
                     j = base + t - key0
+                    c = row_scale(v_cache, page, g, t)
                     for h in range(group):
-                        e = scores[h, j]
+                        e = scores[h, j] * c
                         for d in range(head_dim):
                             acc[r, h, d] += e * load_f32(v_cache[page, g, t, d])
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedattn.kernels import paged_decode_numba
-from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache
+from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache, logical_shape
 from pagedattn.kernels.paged import split_counts
 from pagedattn.kernels.paged_checks import (
     CacheShape,
@@ -40,15 +40,15 @@ __all__ = ["SlotPlan", "decode_planned", "plan_decode", "plan_slots", "write_kv_
 def _check_cache_pair(k_cache: F32Array, v_cache: F32Array, shape: CacheShape) -> None:
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (
-            c.shape != shape
-            or c.dtype not in POOL_DTYPES
+            c.dtype not in POOL_DTYPES
+            or logical_shape(c.shape, c.dtype) != shape
             or c.dtype != k_cache.dtype
             or not c.flags.c_contiguous
         ):
             raise ValueError(
-                f"{name}: expected C-contiguous float32 or float16 (both) (num_pages, "
-                f"num_kv_heads, page_size, head_dim) = {shape} (the planned pool), got "
-                f"{c.dtype} {c.shape}"
+                f"{name}: expected C-contiguous float32, float16 or int8 (both alike) "
+                f"(num_pages, num_kv_heads, page_size, head_dim) = {shape} (the planned pool; "
+                f"int8 rows hold head_dim + 4), got {c.dtype} {c.shape}"
             )
 
 
@@ -65,7 +65,8 @@ def write_kv_planned(
 
     Args:
         plan: from :func:`plan_slots` for this pool shape.
-        k_cache, v_cache: float32 or float16 (both) ``plan.cache_shape``, C-contiguous.
+        k_cache, v_cache: float32, float16 or int8 (both alike) ``plan.cache_shape``
+            (int8 rows hold head_dim + 4), C-contiguous.
         k, v: float32 (num_tokens, num_kv_heads, head_dim).
 
     Raises:
@@ -109,7 +110,8 @@ def plan_decode(
     Args:
         page_tables: integer (num_seqs, max_pages_per_seq); -1 = absent page.
         context_lens: integer (num_seqs,).
-        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim).
+        cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim), head_dim
+            without an int8 pool's scale bytes.
         sliding_window, num_sink_tokens: as in ``paged_attention_decode``.
 
     Raises:
@@ -147,7 +149,8 @@ def decode_planned(
     Args:
         plan: from :func:`plan_decode`.
         q: float32 (num_seqs, num_heads, head_dim); q_sink: None or like ``q``.
-        k_cache, v_cache: float32 or float16 (both) ``plan.cache_shape``, C-contiguous.
+        k_cache, v_cache: float32, float16 or int8 (both alike) ``plan.cache_shape``
+            (int8 rows hold head_dim + 4), C-contiguous.
 
     Returns:
         float32 (num_seqs, num_heads, head_dim).

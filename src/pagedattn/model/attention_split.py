@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagedattn.kernels.kv_dtype import logical_shape
 from pagedattn.kernels.paged import paged_attention_prefill
 from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import DecodePlan, decode_planned, plan_decode
@@ -80,7 +81,8 @@ class AttentionSplit:
         page_tables: np.ndarray,
         context_lens: np.ndarray,
     ) -> np.ndarray:
-        plan = self._plan(page_tables, context_lens, k_cache.shape)  # type: ignore[arg-type]
+        shape = logical_shape(k_cache.shape, k_cache.dtype)  # int8: head_dim, not its row width
+        plan = self._plan(page_tables, context_lens, shape)  # type: ignore[arg-type]
         return decode_planned(plan, q, q_sink, k_cache, v_cache)
 
     def _plan(

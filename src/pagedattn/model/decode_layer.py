@@ -29,6 +29,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from pagedattn.kernels.kv_int8 import cache_head_dim
 from pagedattn.kernels.paged_decode_numba import decode_attention
 from pagedattn.kernels.rope import rope_into
 from pagedattn.kernels.write_kv_numba import scatter_kv
@@ -107,12 +108,13 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     Q8_0 = 2) as tuples for the fused launches; int8: None (exact float32) or True (int8
     activations; every in_features a multiple of 32); cos, sin: (T, D/2) float32 RoPE tables; keep,
     pages, offsets: the step's slot plan; k_cache, v_cache: this layer's (num_pages, nkv,
-    page_size, D) float32 pool; tables, ctx, splits, num_splits, scale, window, num_sink: the
-    step's validated decode plan (one sequence per row, no sink re-rotation).
+    page_size, D) pool (float32, float16 bits, or int8 D + 4 wide); tables, ctx, splits,
+    num_splits, scale, window, num_sink: the step's validated decode plan (one sequence per
+    row, no sink re-rotation).
     """
     rows, hidden = x.shape
     num_kv = k_cache.shape[1]
-    head_dim = k_cache.shape[3]
+    head_dim = cache_head_dim(k_cache)
     q_width = num_heads * head_dim
     kv_width = num_kv * head_dim
     h = np.empty((rows, hidden), np.float32)

@@ -20,7 +20,8 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.attention_mass import decode_adding_page_mass
-from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache
+from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache, logical_shape, pool_row_width
+from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
@@ -179,20 +180,26 @@ class LlamaModel:
         which would dequantize them); ``activations`` as in the class."""
         return cls(loaded.config, loaded.weights, loaded.quantized, activations)
 
-    def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int, int, int]:
-        """Shape of the KV pool this model reads: (layers, 2, num_pages, kv_heads, page_size, D)."""
+    def kv_shape(
+        self, num_pages: int, page_size: int, dtype: str = "float32"
+    ) -> tuple[int, int, int, int, int, int]:
+        """Shape of the KV pool this model reads: (layers, 2, num_pages, kv_heads, page_size, D),
+        D + 4 for an int8 pool (:func:`~pagedattn.kernels.kv_dtype.pool_row_width`)."""
         c = self.config
-        return (c.num_layers, 2, num_pages, c.num_kv_heads, page_size, c.head_dim)
+        width = pool_row_width(dtype, c.head_dim)
+        return (c.num_layers, 2, num_pages, c.num_kv_heads, page_size, width)
 
     def _check_kv(self, kv: np.ndarray) -> None:
         c = self.config
         expected = (c.num_layers, 2, c.num_kv_heads, c.head_dim)
-        got = (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[5]) if kv.ndim == 6 else None
-        if got != expected or kv.dtype not in POOL_DTYPES or not kv.flags.c_contiguous:
+        ok = kv.ndim == 6 and kv.dtype in POOL_DTYPES and kv.flags.c_contiguous
+        shape = logical_shape(kv.shape, kv.dtype) if ok else ()
+        got = (shape[0], shape[1], shape[3], shape[5]) if ok else None
+        if got != expected or (kv.dtype == np.int8 and c.head_dim % 4):
             raise ValueError(
-                f"kv: expected C-contiguous float32 or float16 (num_layers={c.num_layers}, 2, "
-                f"num_pages, num_kv_heads={c.num_kv_heads}, page_size, head_dim={c.head_dim}), "
-                f"got {kv.dtype} {kv.shape}"
+                f"kv: expected C-contiguous float32, float16 or int8 (num_layers={c.num_layers}, "
+                f"2, num_pages, num_kv_heads={c.num_kv_heads}, page_size, head_dim={c.head_dim}; "
+                f"int8 rows hold head_dim + 4), got {kv.dtype} {kv.shape}"
             )
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
@@ -209,8 +216,9 @@ class LlamaModel:
 
         Args:
             batch: the flat batch (input_ids, positions, slot_mapping, page_tables, ...).
-            kv: (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim) float32 or float16
-                pool; updated in place at ``batch.slot_mapping``.
+            kv: (num_layers, 2, num_pages, num_kv_heads, page_size, head_dim) float32, float16
+                or int8 (rows head_dim + 4 wide: codes and a scale) pool; updated in place at
+                ``batch.slot_mapping``.
             attention_mass: opt-in (H2O eviction, :mod:`pagedattn.kernels.attention_mass`):
                 float32 ``batch.page_tables.shape``, to which a decode step adds, per page, the
                 softmax mass its keys received, summed over heads and layers. None (the
@@ -243,7 +251,8 @@ class LlamaModel:
         if batch.sink_positions is not None:
             sink_cos_sin = rope_cos_sin(batch.sink_positions, D, c.rope_theta, c.rope_freq_factors)
         split = AttentionSplit(batch)
-        slots = plan_slots(batch.slot_mapping, T, kv.shape[2:])  # validated once, every layer
+        cache_shape: CacheShape = logical_shape(kv.shape[2:], kv.dtype)  # type: ignore[assignment]
+        slots = plan_slots(batch.slot_mapping, T, cache_shape)  # validated once, every layer
         x = self._embed(ids)  # (T, H)
         if (
             self._fused is not None
@@ -252,7 +261,7 @@ class LlamaModel:
             and sink_cos_sin is None
             and attention_mass is None
         ):
-            self._decode_layers(x, kv, cos, sin, slots, split.decode_plan(kv.shape[2:]))
+            self._decode_layers(x, kv, cos, sin, slots, split.decode_plan(cache_shape))
         else:
             self._layers(x, kv, batch, split, slots, cos, sin, sink_cos_sin, attention_mass)
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
