@@ -71,6 +71,15 @@ def test_invalid_pairs_are_one_line_and_exit_2(
     assert result.stdout == ""
 
 
+def test_int8_kv_pages_on_torch_are_refused_by_name(tiny_gguf: Path) -> None:
+    args = ["generate", "hi", "-m", str(tiny_gguf), "--backend", "torch"]
+    result = runner.invoke(app, [*args, "--kv-cache-dtype", "int8"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (
+        "error: --kv-cache-dtype 'int8': the numpy backend only (got backend 'torch')\n"
+    )
+
+
 @pytest.mark.skipif(not HAS_TORCH or _cuda(), reason="needs torch without a CUDA device")
 def test_torch_cuda_without_a_gpu_says_so(tiny_gguf: Path) -> None:
     result = runner.invoke(

@@ -136,3 +136,14 @@ def test_mixed_libraries_are_refused() -> None:
         xp_kernels.paged_attention_decode(torch.from_numpy(q), kc, vc, tables, ctx.astype(int))
     with pytest.raises(ValueError, match=r"slot_mapping: expected slots in \[0, 16\) or -1"):
         xp_kernels.write_kv(kc, vc, q[:, :2], q[:, :2], np.array([16]))
+
+
+@pytest.mark.parametrize("kind", XP_PARAMS)
+def test_int8_pages_are_refused_by_name(kind: str) -> None:
+    to = impl(kind).to_backend
+    q = to(np.zeros((1, 4, 8), np.float32))
+    pool = np.zeros((2, 2, 4, 8 + 4), np.int8)
+    with pytest.raises(ValueError, match=r"k_cache: int8 KV pages .* numpy backend's kernels"):
+        impl(kind).ops.paged_attention_decode(
+            q, to(pool), to(pool), np.zeros((1, 1), np.int32), np.array([1], np.int32)
+        )

@@ -89,7 +89,7 @@ def test_max_tokens_with_ignore_eos_gives_exactly_n_tokens_and_stats(
         (["--page-size", "0"], "error: --page-size: expected an int >= 1, got 0"),
         (
             ["--kv-cache-dtype", "float8"],
-            "error: --kv-cache-dtype: expected one of ('float32', 'float16'), got 'float8'",
+            "error: --kv-cache-dtype: expected one of ('float32', 'float16', 'int8'), got 'float8'",
         ),
         (
             ["--model", "/no/such/model.gguf"],
@@ -119,7 +119,7 @@ def test_missing_model_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "int8"])
 def test_real_model_knows_the_capital_of_france(kv_cache_dtype: str) -> None:
     prompt = "What is the capital of France? Answer in one sentence."
     code, out, err = _generate(

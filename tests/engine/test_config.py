@@ -52,6 +52,11 @@ def test_engine_config_and_kv_budget() -> None:
     assert half.resolve_num_pages(model) == 256  # 2 bytes an element: 4096 B a page
     with pytest.raises(ValueError, match=r"kv_cache_dtype 'float16': the numpy backend only"):
         EngineConfig(backend="torch", cache=half)
+    int8 = CacheConfig(page_size=16, kv_cache_mib=1.0, kv_cache_dtype="int8")
+    # 1 byte a code plus a 4-byte scale per 16-code row: 2*2*2*16*(16+4) = 2560 B a page
+    assert int8.resolve_num_pages(model) == 2**20 // 2560 == 409
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'int8': the numpy backend only"):
+        EngineConfig(backend="torch", cache=int8)
     with pytest.raises(ValueError, match="holds no page"):
         CacheConfig(kv_cache_mib=0.001).resolve_num_pages(model)
     cfg = CacheConfig(sliding_window=8, num_sink_tokens=4, position_mode="shifted")

@@ -14,6 +14,8 @@ from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.config import CacheConfig, EngineConfig
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
+from pagedattn.storage import PageKey, StoredPage
+from pagedattn.storage.disk import DiskStore
 from tests.engine.helpers import drain, tiny_model, tokens
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -38,7 +40,7 @@ def _page_kv(engine: LLMEngine, page_hash: bytes) -> bytes:
     return bytes(engine.page_pool.kv[:, :, page_id].tobytes())
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "int8"])
 def test_fresh_engine_restores_pages_written_by_another(
     tmp_path: Path, kv_cache_dtype: str
 ) -> None:
@@ -91,6 +93,41 @@ def test_another_model_or_config_never_restores(tmp_path: Path) -> None:
     assert _run(windowed, PROMPT)[1] == 0
     half = _engine(tiny_model(), str(tmp_path), kv_cache_dtype="float16")
     assert _run(half, PROMPT)[1] == 0  # float32 pages never enter a float16 pool
+
+
+def test_an_int8_engine_stores_codes_and_scales_and_refuses_a_float16_record(
+    tmp_path: Path,
+) -> None:
+    """An int8 page persists as it lies in the pool (head_dim + 4 int8 per row: codes, then a
+    float32 scale), never re-expanded; a float16 record under the int8 engine's own keys (a
+    writer of another dtype, or a tampered store) is refused, unread, by its size (what an
+    int8 page's dtype and shape make it)."""
+    model = tiny_model()
+    writer = _engine(model, str(tmp_path), kv_cache_dtype="int8")
+    scratch, _ = _run(writer, PROMPT)
+    writer.kv_tier.flush()  # type: ignore[union-attr]
+    pool = writer.page_pool
+    page_shape = (pool.num_layers, 2, pool.num_kv_heads, PS, pool.head_dim + 4)
+    hashes = prefix_page_hashes(PROMPT, PS, writer.namespace)
+    keys = [
+        PageKey(h, hashes[i - 1] if i else None, tuple(PROMPT[i * PS : (i + 1) * PS]))
+        for i, h in enumerate(hashes)
+    ]
+    stored = DiskStore(tmp_path, writer.namespace, page_shape, np.int8).get(keys)
+    assert all(kv is not None and kv.dtype == np.int8 and kv.shape == page_shape for kv in stored)
+    assert [kv.tobytes() for kv in stored if kv is not None] == [
+        _page_kv(writer, h) for h in hashes
+    ]
+    writer.close()
+
+    other = tmp_path / "other"
+    half_shape = (*page_shape[:4], pool.head_dim)
+    forged = DiskStore(other, writer.namespace, half_shape, np.float16)
+    rng = np.random.default_rng(0)
+    forged.put([StoredPage(k, rng.standard_normal(half_shape).astype(np.float16)) for k in keys])
+    reader = _engine(model, str(other), kv_cache_dtype="int8")
+    assert _run(reader, PROMPT) == (scratch, 0)  # nothing restored: computed from scratch
+    assert reader.get_stats()["kv_store"]["errors"].get("size", 0) >= 1
 
 
 def test_kv_store_needs_prefix_caching(tmp_path: Path) -> None:

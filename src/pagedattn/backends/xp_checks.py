@@ -70,6 +70,12 @@ def check_caches(k_cache: Any, v_cache: Any, xp: Any) -> tuple[int, int, int, in
     if len(shape) != 4:
         got = shape if is_array_api_obj(k_cache) else type(k_cache).__name__
         raise ValueError(f"k_cache: expected {CACHE_SHAPE}, got {got}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if str(getattr(c, "dtype", "")).rsplit(".", 1)[-1] == "int8":  # torch.int8, ...
+            raise ValueError(
+                f"{name}: int8 KV pages (kv_cache_dtype int8) are read by the numpy backend's "
+                f"kernels only; the array-namespace kernels take float32 pools"
+            )
     check_float("k_cache", k_cache, xp, shape, CACHE_SHAPE)
     check_float("v_cache", v_cache, xp, shape, CACHE_SHAPE)
     num_pages, num_kv_heads, page_size, head_dim = shape

@@ -146,10 +146,11 @@ KvCacheDtypeOption = Annotated[
     str,
     typer.Option(
         "--kv-cache-dtype",
-        metavar="float32|float16",
-        help="Storage of the KV pool: float32 (exact, the default) or float16 (half the memory "
-        "per token and per decode step, rounded to nearest-even, as llama.cpp's KV cache; numpy "
-        "backend).",
+        metavar="float32|float16|int8",
+        help="Storage of the KV pool: float32 (exact, the default), float16 (half the memory "
+        "per token and per decode step, rounded to nearest-even, as llama.cpp's KV cache) or "
+        "int8 (about a quarter: int8 codes and a float32 scale per token and KV head); numpy "
+        "backend.",
         rich_help_panel=ENGINE,
     ),
 ]

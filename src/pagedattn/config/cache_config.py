@@ -9,7 +9,7 @@ import numpy as np
 from pagedattn.config.model_config import ModelConfig
 
 POSITION_MODES = ("absolute", "shifted")
-KV_CACHE_DTYPES = ("float32", "float16")
+KV_CACHE_DTYPES = ("float32", "float16", "int8")
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,11 @@ class CacheConfig:
         kv_cache_dtype: storage dtype of the KV pool: ``"float32"`` (exact, the default) or
             ``"float16"`` (half the bytes, so twice the pages per MiB and half the memory a
             decode step streams; keys and values rounded to nearest-even when written, the
-            kernels still compute in float32; llama.cpp's default KV type). NumPy backend only.
+            kernels still compute in float32; llama.cpp's default KV type) or ``"int8"``
+            (quantized pages: int8 codes plus a float32 scale per token and KV head, so
+            ``(head_dim + 4) / (2 head_dim)`` of float16's bytes; symmetric absmax / 127, round
+            to nearest-even; the kernels fold the scales in, in float32; head_dim a multiple of
+            4). NumPy backend only.
         enable_prefix_caching: reuse full pages whose prefix hash matches (vLLM APC).
         sliding_window: W >= 1: a query at position p sees keys p - W < j <= p, and pages
             that leave the window are freed; None = full attention.
@@ -88,11 +92,12 @@ class CacheConfig:
 
     def resolve_num_pages(self, model: ModelConfig) -> int:
         """Pages in the pool: ``num_pages``, else the KV budget over one page's bytes (all
-        layers' K and V in ``kv_cache_dtype``)."""
+        layers' K and V in ``kv_cache_dtype``, an int8 row's scale included)."""
         if self.num_pages is not None:
             return self.num_pages
         mib = 256.0 if self.kv_cache_mib is None else self.kv_cache_mib
-        elements = model.num_layers * 2 * model.num_kv_heads * self.page_size * model.head_dim
+        row = model.head_dim + (4 if self.kv_cache_dtype == "int8" else 0)  # int8: its scale
+        elements = model.num_layers * 2 * model.num_kv_heads * self.page_size * row
         page_bytes = elements * np.dtype(self.kv_cache_dtype).itemsize
         num_pages = int(mib * 2**20) // page_bytes
         if num_pages < 1:

@@ -101,7 +101,8 @@ def open_tier(
 
     if store is None:
         assert config.kv_store is not None
-        page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
+        # int8 pages persist as they lie in the pool: codes and scales, never re-expanded
+        page_shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.row_width)
         store = open_store(
             config.kv_store, namespace, page_shape, pool.dtype, key=config.kv_store_key
         )

@@ -12,11 +12,12 @@ to nearest, ties to even), clamped to [-127, 127]; a row of zeros gets ``s = 0``
 
 Why one scale per row and not ggml's q8_0 (a float16 scale per block of 32 values): the decode
 and prefill kernels fold a row scale into the score (``q . (s c) = s (q . c)``) and into the
-softmax weight of a value row (``p s``), so the inner products stay pure code products with no
-per-element multiply; a per-32 scale would need one multiply per block inside them. Measured on
-SmolLM2-135M's K/V, per-32 blocks reduce the attention error little (see the README's int8
-KV figures), a float32 scale costs 4 bytes per row against q8_0's 2 per 32 values (64 dims: 4
-against 4), and the scale is float32, not float16, so a tiny absmax keeps its precision.
+softmax weight of a value row (``p s``), so their inner products stay pure code products with
+one multiply per row; a per-32 scale would need a multiply per block inside them. At head_dim
+64 both cost 4 bytes a row. q8_0 blocks are more accurate: on SmolLM2-135M's K/V of a 400-token
+prompt, relative RMS error K 0.84 % against 1.10 % per row, V 0.58 % against 0.66 %; per row,
+greedy tokens still equalled the float32 cache's on the prompts tested (README, int8 KV). The
+per-32 kernel's speed was not measured.
 """
 
 from __future__ import annotations
