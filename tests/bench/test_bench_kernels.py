@@ -60,11 +60,11 @@ def test_kernel_comparisons_by_batch() -> None:
     assert kernel_comparisons(8, 50.0, 2.0) == []  # no goal at other batch sizes
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_bench_decode_counts_the_bytes_of_the_pool_dtype(dtype: str) -> None:
     r = bench_decode(3, 40, 1, kv_cache_dtype=dtype)
-    itemsize = {"float32": 4, "float16": 2}[dtype]
-    kv_bytes = 2 * 3 * 40 * 3 * 64 * itemsize  # K and V: batch x context x kv_heads x head_dim
+    row = {"float32": 64 * 4, "float16": 64 * 2, "int8": 64 + 4}[dtype]  # int8: codes + scale
+    kv_bytes = 2 * 3 * 40 * 3 * row  # K and V: batch x context x kv_heads x row bytes
     assert r.kv_gbps * r.paged_ms * 1e6 == pytest.approx(kv_bytes)
     assert r.read_gbps > 0 and r.copy_gbps > 0
 
@@ -78,6 +78,28 @@ def test_bench_kernels_prints_a_section_per_kv_dtype() -> None:
         assert f"{dtype} KV, batch 32, context 16" in result.stdout
 
 
+def test_bench_kernels_times_the_dtypes_interleaved_with_int8_goal() -> None:
+    args = ["bench", "kernels", "--batch", "32", "--context", "2048", "--repeats", "1",
+            "--kv-cache-dtype", "float16", "--kv-cache-dtype", "int8"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    assert "decode attention by KV dtype, interleaved" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if "int8 vs float16 (decode speed)" in x)
+    assert ">= 1.30x" in line and ("met" in line or "NOT met" in line)
+
+
+def test_kv_dtype_comparisons_carry_the_goal_at_batch_32_context_2048_only() -> None:
+    from pagedattn.bench.kv_dtypes import kv_dtype_comparisons
+
+    ms = {"float16": 2.8, "int8": 2.0, "float32": 4.0}
+    rows = kv_dtype_comparisons(32, 2048, ms)
+    assert ("int8 vs float16 (decode speed)", "1.40x", ">= 1.30x", "met") in rows
+    assert ("float32 vs float16 (decode speed)", "0.70x", "-", "-") in rows
+    assert kv_dtype_comparisons(32, 2048, {"float16": 2.0, "int8": 1.6})[0][3] == "NOT met"
+    assert kv_dtype_comparisons(1, 2048, ms)[0][2:] == ("-", "-")
+    assert kv_dtype_comparisons(32, 2048, {"int8": 1.0}) == []
+
+
 @pytest.mark.parametrize(
     ("args", "code", "fragment"),
     [
@@ -85,6 +107,7 @@ def test_bench_kernels_prints_a_section_per_kv_dtype() -> None:
         (["--backend", "cupy", "--device", "cpu"], 2, "does not run on device 'cpu'"),
         (["--kv-cache-dtype", "bfloat16"], 1, "--kv-cache-dtype: expected one of"),
         (["--kv-cache-dtype", "float16", "--backend", "numpy"], 1, "float32 pools only"),
+        (["--kv-cache-dtype", "int8", "--backend", "numpy"], 1, "float32 pools only"),
     ],
 )
 def test_bench_kernels_bad_option_is_one_line(args: list[str], code: int, fragment: str) -> None:

@@ -84,6 +84,28 @@ def test_bench_engine_counts_every_token_and_prefix_hits(
     assert ("kernel signatures in the measured process" in result.stdout) == (compiled > 0)
 
 
+def test_bench_engine_compares_kv_dtypes_on_the_same_budget(
+    tiny_gguf: Path, prompt_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "engine.json"
+    args = ["bench", "engine", "-m", str(tiny_gguf), "--prompt-file", str(prompt_file),
+            "--num-requests", "4", "--min-prompt-len", "20", "--max-prompt-len", "28",
+            "--output-len", "4", "--threads", "1", "--page-size", "4", "--kv-cache-mib", "0.2",
+            "--no-shared-prefix", "--kv-cache-dtype", "int8", "--compare-kv-dtype", "float16",
+            "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    # tiny model: 2 layers, 2 KV heads, head_dim 16; a page of 4 tokens is 2*2*2*4*rows bytes
+    mib = int(0.2 * 2**20)
+    assert figures["ours"]["main"]["num_pages"] == mib // (2 * 2 * 2 * 4 * (16 + 4))
+    assert figures["kv_float16"]["main"]["num_pages"] == mib // (2 * 2 * 2 * 4 * 16 * 2)
+    assert figures["kv_float16"]["main"]["generated"] == figures["ours"]["main"]["generated"]
+    assert "the same requests on 0.2 MiB of KV, per KV dtype" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if "int8 vs float16 KV" in x)
+    assert "(goal >= 1.30x: " in line
+
+
 def test_bench_engine_bad_sizes_are_one_line_errors(tiny_gguf: Path) -> None:
     result = runner.invoke(app, ["bench", "engine", "-m", str(tiny_gguf), "--num-requests", "0"])
     assert result.exit_code == 1

@@ -96,7 +96,10 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     prompts, shared = args["prompts"], args["shared_prompts"]
 
     def run(prefix_caching: bool, batch: list[list[int]], p: Any, phase: str) -> dict[str, Any]:
-        figures = run_offline(engine(prefix_caching), batch, p, phase, progress)
+        eng = engine(prefix_caching)
+        figures = run_offline(eng, batch, p, phase, progress)
+        figures["num_pages"] = eng.page_pool.num_pages  # what --kv-cache-mib holds
+        del eng
         # The engine's pool is freed before the next one is allocated (reference cycles would
         # keep it until a later collection): the peak RSS is one engine's, not the sum.
         gc.collect()

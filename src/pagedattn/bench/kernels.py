@@ -4,10 +4,11 @@ Every figure is measured in the same run, so the ratios (not the absolute times)
 carry over between machines:
 
 * ``paged``: :func:`pagedattn.kernels.paged_attention_decode` over a pool whose page ids are
-  shuffled (a fragmented cache), in float32 or float16 (``kv_cache_dtype``), median wall time
-  of ``repeats`` calls after a warm-up;
+  shuffled (a fragmented cache), in float32, float16 or int8 (``kv_cache_dtype``), median
+  wall time of ``repeats`` calls after a warm-up;
 * ``KV GB/s``: bytes of K and V the call must read (``batch * context * num_kv_heads *
-  head_dim * itemsize * 2``) divided by that time;
+  row * itemsize * 2``, row = head_dim, or head_dim + 4 for int8's codes and scale) divided
+  by that time;
 * ``read GB/s``: a read-only pass over the same K and V pages (a parallel Numba float32 sum of
   every 4 bytes, as many threads as the kernel), bytes read / time; ``% read`` is the paged
   kernel's KV GB/s over it (the "vs read pass" comparison: goal >= 80 % at batch 32);
@@ -203,8 +204,8 @@ def xp_decode_ms(
 
 
 def check_decode_options(kv_cache_dtype: str, backends: Sequence[BackendSpec]) -> None:
-    """Raise ValueError for a ``kv_cache_dtype`` other than float32 / float16, or for
-    ``backends`` with float16 (the xp kernel reads float32 pools)."""
+    """Raise ValueError for a ``kv_cache_dtype`` other than float32 / float16 / int8, or for
+    ``backends`` with another than float32 (the xp kernel reads float32 pools)."""
     from pagedattn.config import KV_CACHE_DTYPES
 
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -225,7 +226,7 @@ def bench_decode(
     kv_cache_dtype: str = "float32",
 ) -> DecodeResult:
     """Time one decode configuration (9 query heads, 3 kv heads, head_dim 64, page_size 16):
-    the Numba kernel over a ``kv_cache_dtype`` pool (``"float32"`` or ``"float16"``), a
+    the Numba kernel over a ``kv_cache_dtype`` pool (``"float32"``, ``"float16"``, ``"int8"``), a
     read-only pass over that pool, a copy of as many bytes and torch SDPA on the same keys and
     values in dense float32, interleaved; then the xp kernel on each of ``backends``.
 
@@ -235,6 +236,7 @@ def bench_decode(
     """
     import numba
 
+    from pagedattn.bench.kv_pools import dequantize_pool, random_pool
     from pagedattn.kernels import paged_attention_decode
 
     check_decode_options(kv_cache_dtype, backends)
@@ -243,17 +245,17 @@ def bench_decode(
     num_pages = batch * pages_per_seq
     shape = (num_pages, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
     dtype = np.dtype(kv_cache_dtype)
-    k_cache = (rng.random(shape, dtype=np.float32) - np.float32(0.5)).astype(dtype)
-    v_cache = (rng.random(shape, dtype=np.float32) - np.float32(0.5)).astype(dtype)
+    k_cache = random_pool(shape, kv_cache_dtype, rng)
+    v_cache = random_pool(shape, kv_cache_dtype, rng)
     page_tables = rng.permutation(num_pages).astype(np.int32).reshape(batch, pages_per_seq)
     context_lens = np.full(batch, context, np.int32)
     q = rng.standard_normal((batch, NUM_HEADS, HEAD_DIM), dtype=np.float32)
     threads = numba.get_num_threads()
-    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * dtype.itemsize
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * k_cache.shape[-1] * dtype.itemsize
 
     # The same keys, gathered into dense float32 (batch, kv_heads, context, head_dim) for torch.
     def dense(cache: np.ndarray) -> np.ndarray:
-        tiles = cache[page_tables]  # (batch, pages, kv_heads, page_size, head_dim)
+        tiles = dequantize_pool(cache[page_tables])  # (batch, pages, kv_heads, page_size, D)
         flat = tiles.transpose(0, 2, 1, 3, 4).reshape(batch, NUM_KV_HEADS, -1, HEAD_DIM)
         return np.ascontiguousarray(flat[:, :, :context], dtype=np.float32)
 

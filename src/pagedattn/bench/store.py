@@ -96,7 +96,7 @@ def run_store_bench(
     def store_for(spec: str) -> KVStore:
         probe = engine(None)
         pool = probe.page_pool
-        shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
+        shape = (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.row_width)
         return open_store(spec, probe.namespace, shape)
 
     rows: dict[str, dict[str, Any]] = {}

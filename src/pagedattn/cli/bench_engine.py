@@ -14,6 +14,7 @@ from pagedattn.bench.backends import BackendsOption
 from pagedattn.cli.app import bench_app
 from pagedattn.cli.errors import cli_errors
 from pagedattn.cli.options import ActivationsOption, KvCacheDtypeOption, ModelOption
+from pagedattn.config import KV_CACHE_DTYPES
 
 METHOD = (
     "Method: elapsed = wall time from queuing every request (all at once: continuous "
@@ -49,6 +50,15 @@ def bench_engine(
     backend: BackendsOption = None,
     activations: ActivationsOption = "float32",
     kv_cache_dtype: KvCacheDtypeOption = "float32",
+    compare_kv_dtype: Annotated[
+        str | None,
+        typer.Option(
+            metavar="float32|float16|int8",
+            help="Also run with this KV dtype on the same --kv-cache-mib (a smaller dtype "
+            "holds more sequences at once) and print the tok/s ratio (int8 vs float16: goal "
+            ">= 1.3x).",
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw figures to this file.")
     ] = None,
@@ -84,10 +94,19 @@ def bench_engine(
             activations=activations,
             kv_cache_dtype=kv_cache_dtype,
         )
+        if compare_kv_dtype is not None and compare_kv_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"--compare-kv-dtype: expected one of {KV_CACHE_DTYPES}, got {compare_kv_dtype!r}"
+            )
         specs = bench_backends.parse_backends(backend)
         args.update(bench_backends.backend_args(specs[0]))
         with progress_display(console) as progress:
             results: dict[str, Any] = run_sides(progress, [("ours", "engine-ours")], args, threads)
+            if compare_kv_dtype is not None:
+                other = {**args, "kv_cache_dtype": compare_kv_dtype, "shared_prompts": []}
+                results[f"kv_{compare_kv_dtype}"] = run_sides(
+                    progress, [("ours", "engine-ours")], other, threads
+                )["ours"]
             by_backend = bench_backends.measure_backends(
                 "engine-ours", args, specs, threads, progress, results["ours"]
             )
@@ -133,4 +152,30 @@ def bench_engine(
     if "shared_on" in ours:
         speedup = ours["shared_on"]["generated_tok_s"] / ours["shared_off"]["generated_tok_s"]
         console.print(f"prefix caching on vs off (50% shared prefix): {speedup:.2f}x")
+    if compare_kv_dtype is not None:
+        _print_kv_budget(console, results, kv_cache_dtype, compare_kv_dtype, args, kv_cache_mib)
     console.print(METHOD)
+
+
+def _print_kv_budget(
+    console: Any,
+    results: dict[str, Any],
+    dtype: str,
+    other: str,
+    args: dict[str, Any],
+    kv_cache_mib: float,
+) -> None:
+    """Each KV dtype's pages, longest requests that fit and tok/s on the same budget."""
+    from rich.table import Table
+
+    from pagedattn.bench.kv_budget import kv_budget_rows, kv_budget_verdict
+
+    sides = {dtype: results["ours"], other: results[f"kv_{other}"]}
+    max_prompt = max(len(p) for p in args["prompts"])
+    table = Table(title=f"the same requests on {kv_cache_mib:g} MiB of KV, per KV dtype")
+    for name in ("KV dtype", "pages", "longest requests that fit", "gen tok/s"):
+        table.add_column(name, justify="left" if name == "KV dtype" else "right")
+    for row in kv_budget_rows(sides, max_prompt, int(args["output_len"]), int(args["page_size"])):
+        table.add_row(*row)
+    console.print(table)
+    console.print(kv_budget_verdict(sides))

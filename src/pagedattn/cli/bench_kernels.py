@@ -4,7 +4,7 @@ and with ``--backend`` the array-namespace kernel on other array libraries in th
 from __future__ import annotations
 
 import itertools
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -40,9 +40,10 @@ def bench_kernels(
         list[str] | None,
         typer.Option(
             "--kv-cache-dtype",
-            metavar="float32|float16",
-            help="Storage of the paged pool (repeatable: one table section each); torch SDPA "
-            "always reads float32.",
+            metavar="float32|float16|int8",
+            help="Storage of the paged pool (repeatable: one table section each, then the "
+            "dtypes timed interleaved against float16, with int8's goal); torch SDPA always "
+            "reads float32.",
         ),
     ] = None,
 ) -> None:
@@ -117,6 +118,8 @@ def bench_kernels(
         "copy = np.copyto on a buffer of the same size, counting read + write bytes; "
         "torch SDPA reads the same keys and values as dense float32 whatever the pool's dtype."
     )
+    if len(dtypes) > 1:
+        _print_dtype_comparison(console, comparisons, dtypes, batches, contexts, repeats)
     if comparisons.row_count:
         console.print(comparisons)
     if specs:
@@ -124,3 +127,28 @@ def bench_kernels(
             "xp = the array-namespace kernel (backends/xp_kernels.py) on that backend; "
             "x numba = its time / the Numba kernel's time in the same run (>1: slower)."
         )
+
+
+def _print_dtype_comparison(
+    console: Any,
+    comparisons: Any,
+    dtypes: list[str],
+    batches: list[int],
+    contexts: list[int],
+    repeats: int,
+) -> None:
+    """The paged kernel over each dtype's copy of the same K/V, timed interleaved, and each
+    dtype's speed over float16's (int8's goal at batch 32, context 2048) as comparison rows."""
+    from rich.table import Table
+
+    from pagedattn.bench.kv_dtypes import kv_dtype_comparisons, kv_dtype_decode_ms
+
+    table = Table(title=f"decode attention by KV dtype, interleaved, median of {repeats} rounds")
+    for name in ("batch", "context", *(f"{d} ms" for d in dtypes)):
+        table.add_column(name, justify="right")
+    for b, c in itertools.product(batches, contexts):
+        ms = kv_dtype_decode_ms(b, c, repeats, dtypes)
+        table.add_row(str(b), str(c), *(f"{ms[d]:.3f}" for d in dtypes))
+        for label, value, goal, verdict in kv_dtype_comparisons(b, c, ms):
+            comparisons.add_row(f"batch {b}, context {c}", label, value, goal, verdict)
+    console.print(table)
