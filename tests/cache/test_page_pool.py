@@ -60,3 +60,18 @@ def test_pages_cross_to_and_from_the_host_on_every_backend(backend: str) -> None
         pool.write_page(1, page[:, :, :2])
     with pytest.raises(ValueError, match="expected float32"):
         pool.write_page(1, page.astype(np.float64))
+
+
+def test_an_int8_pool_keeps_codes_and_scales_in_one_page() -> None:
+    pool = PagePool(num_layers=2, num_pages=3, num_kv_heads=2, page_size=4, head_dim=8,
+                    dtype=np.int8)  # fmt: skip
+    assert pool.row_width == 12 and pool.kv.shape == (2, 2, 3, 2, 4, 12)
+    assert pool.nbytes == 2 * 2 * 3 * 2 * 4 * 12  # a byte a code, 4 bytes a row's scale
+    page = np.arange(2 * 2 * 2 * 4 * 12, dtype=np.int64).astype(np.int8).reshape(2, 2, 2, 4, 12)
+    pool.write_page(1, page)
+    pool.copy_pages([(1, 2)])
+    assert pool.read_page(2).tobytes() == page.tobytes()
+    with pytest.raises(ValueError, match=r"write_page: expected int8 \(2, 2, 2, 4, 12\)"):
+        pool.write_page(0, page[..., :8].copy())
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
+        PagePool(1, 1, 1, 4, 6, dtype=np.int8)
