@@ -23,30 +23,27 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import (
-    F32,
-    I8,
-    I32,
-    Arr2D,
-    carried_loop,
-    fma,
-    hsum,
-    mask,
-    prefetch,
-    splat,
-)
+from pagedattn.kernels.simd_ir import F32, I8, Arr2D, carried_loop, fma, hsum, mask, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, LAYOUT, by_kind, scale_offset
+from pagedattn.model.int8_ir import (
+    PAIR_BYTES,
+    PAIR_LANES,
+    V8F,
+    V16F,
+    V32I8,
+    abs_bytes,
+    int8_path,
+    quads,
+    scale_pair,
+    signed_like,
+    xq_twice,
+)
 
 _V16I8 = ir.VectorType(I8, 16)
-_V32I8 = ir.VectorType(I8, 32)
-_V16I16 = ir.VectorType(ir.IntType(16), 16)
-_V8I32 = ir.VectorType(I32, 8)
-_V8F = ir.VectorType(F32, 8)
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
 
 
@@ -64,19 +61,29 @@ def require_int8() -> None:
         raise ValueError(reason)
 
 
-def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+def _block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
+    """A block's 32 codes (i8* at the first) as <32 x i8>: Q8_0's as stored; 4-bit ones as
+    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31)."""
+    if kind == 2:
+        return builder.load(builder.bitcast(codes, V32I8.as_pointer()), align=1)
+    packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
+    lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+    hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+    return builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
 
 
 def _make_int8_dot(rows: int, cols: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
     ``xd`` and sums ``xs`` (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
-    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so ``vpmaddubsw`` takes ``|xq|`` and the codes
-    with ``xq``'s sign (``vpsignb``); a product pair is at most 2 * 127 * 127, below int16's
-    limit, as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation
-    rows; every output is the same operations whatever ``rows`` and ``cols`` are."""
+    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so the unsigned operand is ``|xq|`` and the
+    codes take ``xq``'s sign; a product pair is at most 2 * 127 * 127, below int16's limit,
+    as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation rows.
+    Per (output, row) and block, :func:`pagedattn.model.int8_ir.quads` gives eight int32 sums
+    and ``acc = fma(d * dx, float(sums), acc)`` takes them into eight float lanes, summed by
+    halving at the end, plus the offset term ``fma(offset, xs, off)``: the same operations
+    whatever ``rows``, ``cols`` and instruction set (on zmm, two output rows share a register,
+    each lane still its own row's sequence)."""
     tile = rows * cols
 
     @intrinsic  # type: ignore[misc]
@@ -93,75 +100,84 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
         sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xs, t0)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            require_int8()  # never emit the AVX2 intrinsics for a CPU without them
+            require_int8()  # never emit the x86 intrinsics for a CPU without them
             b_arr, q_arr, d_arr, x_arr = (
                 Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
             )
             n_first, t_first = args[2], args[6]
             i64 = n_first.type
-            ones = ir.Constant(_V16I16, [1] * 16)
+            wide = rows % 2 == 0 and int8_path() in ("zmm", "vnni-zmm")
+            groups = rows // 2 if wide else rows  # float accumulators per activation row
+            zero = ir.Constant(V16F if wide else V8F, [0.0] * (16 if wide else 8))
 
             def emit(kind: int) -> list[ir.Value]:
                 size, header, _ = LAYOUT[kind]
-                accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [F32(0.0)] * tile
+                accs = [zero] * (groups * cols) + [F32(0.0)] * tile
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(BLOCK))
-                    xqv, abs_xq, dx, sx = [], [], [], []
+                    xqv, unsigned, dx, sx = [], [], [], []
                     for c in range(cols):
                         t_row = builder.add(t_first, i64(c))
-                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer())
+                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), V32I8.as_pointer())
                         xqv.append(builder.load(q_ptr, align=1))
+                        if wide:
+                            xqv[c] = xq_twice(builder, xqv[c])
                         # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
-                        abs_xq.append(
-                            _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv[c], ir.IntType(1)(0)])
-                        )
+                        unsigned.append(abs_bytes(builder, xqv[c]) if kind == 2 else None)
                         dx.append(builder.load(d_arr.ptr(builder, t_row, b)))
                         sx.append(builder.load(x_arr.ptr(builder, t_row, b)))
-                    vec, off = list(accs[:tile]), list(accs[tile:])
+                    codes, scales, offsets = [], [], []
                     for r in range(rows):
                         n = builder.add(n_first, i64(r))
                         start = builder.mul(b, i64(size))
                         block = b_arr.ptr(builder, n, start)
-                        codes = builder.gep(block, [i64(header)])
                         prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
-                        if kind == 2:
-                            codes32 = builder.load(
-                                builder.bitcast(codes, _V32I8.as_pointer()), align=1
-                            )
-                        else:
-                            packed = builder.load(
-                                builder.bitcast(codes, _V16I8.as_pointer()), align=1
-                            )
-                            lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-                            hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-                            codes32 = builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
+                        codes.append(_block_codes(builder, kind, builder.gep(block, [i64(header)])))
                         d, m = scale_offset(builder, kind, block)
+                        scales.append(d)
+                        offsets.append(m)
+                    vec, off = list(accs[: groups * cols]), list(accs[groups * cols :])
+                    for g in range(groups):
+                        if wide:
+                            operand = builder.shuffle_vector(
+                                codes[2 * g], codes[2 * g + 1], PAIR_BYTES
+                            )
+                            d_pair = scale_pair(builder, scales[2 * g], scales[2 * g + 1])
+                        else:
+                            operand = codes[g]
                         for c in range(cols):
-                            i = r * cols + c
                             if kind == 2:
-                                signed = _x86(
-                                    builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv[c]]
-                                )
-                                pairs = _x86(
-                                    builder,
-                                    "llvm.x86.avx2.pmadd.ub.sw",
-                                    _V16I16,
-                                    [abs_xq[c], signed],
-                                )
+                                signed = signed_like(builder, operand, xqv[c])
+                                sums = quads(builder, unsigned[c], signed)
                             else:
-                                pairs = _x86(
-                                    builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv[c]]
-                                )
-                            quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
-                            ddx = splat(builder, builder.fmul(d, dx[c]), 8)
-                            vec[i] = fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
-                            if kind != 2:  # Q8_0 has no offset
-                                off[i] = fma(builder, m, sx[c], off[i])
+                                sums = quads(builder, operand, xqv[c])
+                            if wide:
+                                ddx = builder.fmul(d_pair, splat(builder, dx[c], 16))
+                            else:
+                                ddx = splat(builder, builder.fmul(scales[g], dx[c]), 8)
+                            i = g * cols + c
+                            vec[i] = fma(builder, ddx, builder.sitofp(sums, zero.type), vec[i])
+                    if kind != 2:  # Q8_0 has no offset
+                        for r in range(rows):
+                            for c in range(cols):
+                                i = r * cols + c
+                                off[i] = fma(builder, offsets[r], sx[c], off[i])
                     return vec + off
 
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-                return [builder.fadd(hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
+                lanes = []  # each (output row, activation row)'s eight float lanes
+                for r in range(rows):
+                    for c in range(cols):
+                        if wide:
+                            v = accs[(r // 2) * cols + c]
+                            lanes.append(builder.shuffle_vector(v, v, PAIR_LANES[r % 2]))
+                        else:
+                            lanes.append(accs[r * cols + c])
+                return [
+                    builder.fadd(hsum(builder, lanes[i]), accs[groups * cols + i])
+                    for i in range(tile)
+                ]
 
             sums = by_kind(builder, args[0], emit)
             return context.make_tuple(builder, sig.return_type, sums)
