@@ -3,16 +3,18 @@
 llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): each 32-input
 block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
 block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
-offset), with the integer sum from AVX2's ``vpmaddubsw`` (unsigned times signed int8, pairwise
-into int16: at most 2 * 15 * 127 for 4-bit codes, 2 * 127 * 127 for Q8_0's; no saturation) and
-``vpmaddwd`` (pairs into int32). Every (row, output) is the same sequence of operations for
-any row count: batch invariance holds on this path too.
+offset), the integer sums four inputs at a time from :func:`pagedattn.model.int8_ir.quads`
+(AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``, on ymm or zmm: whichever the target
+has, the same exact sums; at most 2 * 15 * 127 per byte pair for 4-bit codes, 2 * 127 * 127
+for Q8_0's, no saturation). Every (row, output) is the same sequence of operations for any
+row count and any of these instruction sets: batch invariance holds on this path too, and
+every x86 path gives the AVX2 path's bits.
 
-These are the only kernels of the package that name host-specific instructions (AVX2), so they
-live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is imported
-only when int8 activations are asked for, and its intrinsics refuse, with a Python error, to
-emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would otherwise stop
-the process.
+These are the only kernels of the package that name host-specific instructions (x86 SIMD), so
+they live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is
+imported only when int8 activations are asked for, and its intrinsics refuse, with a Python
+error, to emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would
+otherwise stop the process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, I8, Arr2D, carried_loop, fma, hsum, mask, prefetch, splat
+from pagedattn.kernels.simd_ir import F32, Arr2D, carried_loop, fma, hsum, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, LAYOUT, by_kind, scale_offset
@@ -36,6 +38,7 @@ from pagedattn.model.int8_ir import (
     V16F,
     V32I8,
     abs_bytes,
+    block_codes,
     int8_path,
     quads,
     scale_pair,
@@ -43,7 +46,6 @@ from pagedattn.model.int8_ir import (
     xq_twice,
 )
 
-_V16I8 = ir.VectorType(I8, 16)
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
 
 
@@ -59,17 +61,6 @@ def require_int8() -> None:
     reason = int8_unsupported()
     if reason is not None:
         raise ValueError(reason)
-
-
-def _block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
-    """A block's 32 codes (i8* at the first) as <32 x i8>: Q8_0's as stored; 4-bit ones as
-    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31)."""
-    if kind == 2:
-        return builder.load(builder.bitcast(codes, V32I8.as_pointer()), align=1)
-    packed = builder.load(builder.bitcast(codes, _V16I8.as_pointer()), align=1)
-    lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-    hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-    return builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
 
 
 def _make_int8_dot(rows: int, cols: int) -> Any:
@@ -133,7 +124,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                         start = builder.mul(b, i64(size))
                         block = b_arr.ptr(builder, n, start)
                         prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
-                        codes.append(_block_codes(builder, kind, builder.gep(block, [i64(header)])))
+                        codes.append(block_codes(builder, kind, builder.gep(block, [i64(header)])))
                         d, m = scale_offset(builder, kind, block)
                         scales.append(d)
                         offsets.append(m)

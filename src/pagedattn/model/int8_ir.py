@@ -24,6 +24,7 @@ from pagedattn.kernels.simd_ir import F32, I8, I32, mask
 from pagedattn.kernels.target import has_avx512bw, has_vnni_256, has_vnni_512
 
 I16 = ir.IntType(16)
+V16I8 = ir.VectorType(I8, 16)
 V32I8 = ir.VectorType(I8, 32)
 V64I8 = ir.VectorType(I8, 64)
 V8I32 = ir.VectorType(I32, 8)
@@ -53,6 +54,17 @@ def int8_path() -> str:
     if has_avx512bw():
         return "vnni-zmm" if has_vnni_512() else "zmm"
     return "vnni-ymm" if has_vnni_256() else "avx2"
+
+
+def block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
+    """A block's 32 codes (i8* at the first) as <32 x i8>: Q8_0's as stored; 4-bit ones as
+    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31)."""
+    if kind == 2:
+        return builder.load(builder.bitcast(codes, V32I8.as_pointer()), align=1)
+    packed = builder.load(builder.bitcast(codes, V16I8.as_pointer()), align=1)
+    lo = builder.and_(packed, ir.Constant(V16I8, [15] * 16))
+    hi = builder.lshr(packed, ir.Constant(V16I8, [4] * 16))
+    return builder.shuffle_vector(lo, hi, mask(range(32)))
 
 
 def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
