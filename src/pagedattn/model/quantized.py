@@ -216,7 +216,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
             block-quantized parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
-            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 only): faster, within about 1% of
+            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster, within about 1% of
             the exact result; float parts stay exact.
 
     Returns:
