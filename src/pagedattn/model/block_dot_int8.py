@@ -45,6 +45,7 @@ from pagedattn.model.int8_ir import (
     signed_like,
     xq_twice,
 )
+from pagedattn.model.int8_quantize import quantize_activations_serial
 
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
 
@@ -178,68 +179,38 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     return int8_dot
 
 
-# DECODE_TILE output rows x INT8_COLS activation rows, x 1, and 1 x 1
+# on zmm (32 registers, two output rows each), tiles of WIDE_COLS activation rows first
+WIDE_COLS = 4 if int8_path() in ("zmm", "vnni-zmm") else INT8_COLS
+HAS_WIDE = WIDE_COLS > INT8_COLS  # a constant: LLVM drops the wide branch where it is False
+# DECODE_TILE output rows x WIDE_COLS, x INT8_COLS activation rows, x 1, and 1 x 1
+_int8_wide = _make_int8_dot(DECODE_TILE, WIDE_COLS)
 _int8_tile = _make_int8_dot(DECODE_TILE, INT8_COLS)
 _int8_col = _make_int8_dot(DECODE_TILE, 1)
 _int8_one = _make_int8_dot(1, 1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Row ``t`` of :func:`quantize_activations`."""
-    for b in range(x.shape[1] // BLOCK):
-        amax = np.float32(0.0)
-        for j in range(b * BLOCK, (b + 1) * BLOCK):
-            amax = max(amax, abs(x[t, j]))
-        d = amax / np.float32(127.0)
-        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-        total = 0
-        for j in range(b * BLOCK, (b + 1) * BLOCK):
-            q = np.int8(np.rint(x[t, j] * inv))
-            xq[t, j] = q
-            total += int(q)
-        xd[t, b] = d
-        xs[t, b] = d * np.float32(total)
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def quantize_activations(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Per 32-input block of each row of ``x`` (T, K) float32 (ggml's ``quantize_row_q8_1``):
-    ``xd = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for an all-zero block) and
-    ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
-    ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
-    offset`` (summing the unquantized ``x`` for the offset term would leave
-    ``scale * sum(code * error)``, several times larger). Parallel over rows; the same values
-    as :func:`quantize_activations_serial`."""
-    for t in numba.prange(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-@numba.njit(cache=True, nogil=True)
-def quantize_activations_serial(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """:func:`quantize_activations` on the calling thread (a decode step's one or two rows:
-    waking the thread pool costs more than the rows)."""
-    for t in range(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
 def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
-    DECODE_TILE output rows by INT8_COLS activation rows, then the leftover rows one by one."""
+    DECODE_TILE output rows by WIDE_COLS, then INT8_COLS, then single activation rows, then the
+    leftover output rows one by one."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
     num_rows = xq.shape[0]
     t = 0
     while t < num_rows:
-        cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
+        if HAS_WIDE and t + WIDE_COLS <= num_rows:
+            cols = WIDE_COLS
+        else:
+            cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
         while n + DECODE_TILE <= n1:
-            if cols == INT8_COLS:
+            if HAS_WIDE and cols == WIDE_COLS:
+                rw = _int8_wide(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    for c in range(WIDE_COLS):
+                        out[t + c, col + n + i] = rw[i * WIDE_COLS + c]
+            elif cols == INT8_COLS:
                 r = _int8_tile(kind, blocks, n, xq, xd, xs, t)
                 for i in range(DECODE_TILE):
                     for c in range(INT8_COLS):
@@ -270,9 +241,9 @@ def qmatmul_blocks_int8(
 ) -> None:  # pragma: no cover - compiled
     """``out = (xd * xq) @ concat(b0, b1, b2)[:num_parts].T``, laid out as
     :func:`pagedattn.model.block_dot.qmatmul_blocks`: one launch over tasks of ROWS_PER_TASK
-    output rows, tiles of DECODE_TILE output rows by INT8_COLS rows of ``xq`` (each block's
-    codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32 from
-    :func:`quantize_activations`."""
+    output rows, tiles of DECODE_TILE output rows by WIDE_COLS or INT8_COLS rows of ``xq``
+    (each block's codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32
+    from :func:`pagedattn.model.int8_quantize.quantize_activations`."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
         _int8_task(xq, xd, xs, blocks, kind, local, out, col)
