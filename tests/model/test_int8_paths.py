@@ -102,6 +102,34 @@ def test_the_host_path_is_ggml_q8_1_dot_by_hand(host_values: dict[str, np.ndarra
         assert _same_bits(host_values[key], _by_hand(x, raw, kind)), key
 
 
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.mark.skipif(
+    "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ,
+    reason="compiles for another CPU than the host",
+)
+def test_the_host_path_follows_its_cpuinfo_flags() -> None:
+    from pagedattn.model.int8_ir import int8_path
+
+    flags = _cpuinfo_flags()
+    if "avx2" not in flags:
+        pytest.skip("no /proc/cpuinfo flags line with AVX2")
+    if "avx512bw" in flags:
+        want = "vnni-zmm" if "avx512_vnni" in flags else "zmm"
+    elif "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags:
+        want = "vnni-ymm"
+    else:
+        want = "avx2"
+    assert int8_path() == want
+
+
 # CPU name -> (the path it compiles, whether this host can run that CPU's code)
 CPUS = {
     "haswell": ("avx2", True),
