@@ -113,4 +113,8 @@ def bench_generate(
             bench_backends.backend_table("ours per backend, same run", by_backend, backend_rows)
         )
     console.print(cpu_line())
+    if activations == "int8":
+        from pagedattn.model.int8_ir import INSTRUCTIONS, int8_path
+
+        console.print(f"int8 dot products: {INSTRUCTIONS[int8_path()]} (the CPU compiled for)")
     console.print(METHOD)

@@ -89,3 +89,57 @@ def has_avx2() -> bool:
     builder.store(builder.add(builder.load(a), builder.load(b)), a)
     builder.ret_void()
     return re.search(r"vpaddd\s+[^\n]*%ymm", _probe(function)) is not None
+
+
+def _pairwise_madd_then_add(lanes: int) -> str:
+    """Assembly of ``acc + pmaddwd(a, b)`` on ``lanes`` int32 lanes, written as plain IR
+    (sign-extend, multiply, add the even and odd products): LLVM folds it into one VNNI
+    ``vpdpwssd`` where the target has VNNI at that width, and never names an instruction the
+    target lacks, so the probe itself is safe on every CPU."""
+    i16s, i32s = ir.VectorType(ir.IntType(16), 2 * lanes), ir.VectorType(ir.IntType(32), lanes)
+    function, builder = _vector_function(f"vnni_probe_{lanes}", i16s, i32s)
+    pairs_ptr, acc_ptr = function.args
+    wide = ir.VectorType(ir.IntType(32), 2 * lanes)
+    a = builder.sext(builder.load(pairs_ptr), wide)
+    b = builder.sext(builder.load(builder.gep(pairs_ptr, [ir.IntType(64)(1)])), wide)
+    products = builder.mul(a, b)
+    even, odd = (
+        builder.shuffle_vector(
+            products, products, ir.Constant(i32s, list(range(start, 2 * lanes, 2)))
+        )
+        for start in (0, 1)
+    )
+    builder.store(builder.add(builder.add(even, odd), builder.load(acc_ptr)), acc_ptr)
+    builder.ret_void()
+    return _probe(function)
+
+
+@functools.cache
+def has_vnni_256() -> bool:
+    """True when the target has VNNI on ymm registers (``vpdpbusd``: AVX512_VNNI with
+    AVX512VL, or AVX-VNNI): asked of LLVM through :func:`_pairwise_madd_then_add`."""
+    if not has_avx2():
+        return False
+    return re.search(r"vpdpwssd\s+[^\n]*%ymm", _pairwise_madd_then_add(8)) is not None
+
+
+@functools.cache
+def has_avx512bw() -> bool:
+    """True when the target adds 64 bytes in one zmm register (``vpaddb``: AVX512BW), so
+    512-bit byte and word vectors stay whole."""
+    if not has_avx2():
+        return False
+    i8x64 = ir.VectorType(ir.IntType(8), 64)
+    function, builder = _vector_function("avx512bw_probe", i8x64, i8x64)
+    a, b = function.args
+    builder.store(builder.add(builder.load(a), builder.load(b)), a)
+    builder.ret_void()
+    return re.search(r"vpaddb\s+[^\n]*%zmm", _probe(function)) is not None
+
+
+@functools.cache
+def has_vnni_512() -> bool:
+    """True when the target has AVX512_VNNI on zmm registers (``vpdpbusd`` on 64 bytes)."""
+    if not has_avx512bw():
+        return False
+    return re.search(r"vpdpwssd\s+[^\n]*%zmm", _pairwise_madd_then_add(16)) is not None

@@ -3,16 +3,18 @@
 llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): each 32-input
 block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
 block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
-offset), with the integer sum from AVX2's ``vpmaddubsw`` (unsigned times signed int8, pairwise
-into int16: at most 2 * 15 * 127 for 4-bit codes, 2 * 127 * 127 for Q8_0's; no saturation) and
-``vpmaddwd`` (pairs into int32). Every (row, output) is the same sequence of operations for
-any row count: batch invariance holds on this path too.
+offset), the integer sums four inputs at a time from :func:`pagedattn.model.int8_ir.quads`
+(AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``, on ymm or zmm: whichever the target
+has, the same exact sums; at most 2 * 15 * 127 per byte pair for 4-bit codes, 2 * 127 * 127
+for Q8_0's, no saturation). Every (row, output) is the same sequence of operations for any
+row count and any of these instruction sets: batch invariance holds on this path too, and
+every x86 path gives the AVX2 path's bits.
 
-These are the only kernels of the package that name host-specific instructions (AVX2), so they
-live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is imported
-only when int8 activations are asked for, and its intrinsics refuse, with a Python error, to
-emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would otherwise stop
-the process.
+These are the only kernels of the package that name host-specific instructions (x86 SIMD), so
+they live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is
+imported only when int8 activations are asked for, and its intrinsics refuse, with a Python
+error, to emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would
+otherwise stop the process.
 """
 
 from __future__ import annotations
@@ -23,30 +25,28 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import (
-    F32,
-    I8,
-    I32,
-    Arr2D,
-    carried_loop,
-    fma,
-    hsum,
-    mask,
-    prefetch,
-    splat,
-)
+from pagedattn.kernels.simd_ir import F32, Arr2D, carried_loop, fma, hsum, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, LAYOUT, by_kind, scale_offset
+from pagedattn.model.int8_ir import (
+    PAIR_BYTES,
+    PAIR_LANES,
+    V8F,
+    V16F,
+    V32I8,
+    abs_bytes,
+    block_codes,
+    int8_path,
+    quads,
+    scale_pair,
+    signed_like,
+    xq_twice,
+)
+from pagedattn.model.int8_quantize import quantize_activations_serial
 
-_V16I8 = ir.VectorType(I8, 16)
-_V32I8 = ir.VectorType(I8, 32)
-_V16I16 = ir.VectorType(ir.IntType(16), 16)
-_V8I32 = ir.VectorType(I32, 8)
-_V8F = ir.VectorType(F32, 8)
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
 
 
@@ -64,19 +64,18 @@ def require_int8() -> None:
         raise ValueError(reason)
 
 
-def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
-
-
 def _make_int8_dot(rows: int, cols: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
     ``xd`` and sums ``xs`` (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
-    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so ``vpmaddubsw`` takes ``|xq|`` and the codes
-    with ``xq``'s sign (``vpsignb``); a product pair is at most 2 * 127 * 127, below int16's
-    limit, as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation
-    rows; every output is the same operations whatever ``rows`` and ``cols`` are."""
+    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so the unsigned operand is ``|xq|`` and the
+    codes take ``xq``'s sign; a product pair is at most 2 * 127 * 127, below int16's limit,
+    as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation rows.
+    Per (output, row) and block, :func:`pagedattn.model.int8_ir.quads` gives eight int32 sums
+    and ``acc = fma(d * dx, float(sums), acc)`` takes them into eight float lanes, summed by
+    halving at the end, plus the offset term ``fma(offset, xs, off)``: the same operations
+    whatever ``rows``, ``cols`` and instruction set (on zmm, two output rows share a register,
+    each lane still its own row's sequence)."""
     tile = rows * cols
 
     @intrinsic  # type: ignore[misc]
@@ -93,75 +92,84 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
         sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xs, t0)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            require_int8()  # never emit the AVX2 intrinsics for a CPU without them
+            require_int8()  # never emit the x86 intrinsics for a CPU without them
             b_arr, q_arr, d_arr, x_arr = (
                 Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
             )
             n_first, t_first = args[2], args[6]
             i64 = n_first.type
-            ones = ir.Constant(_V16I16, [1] * 16)
+            wide = rows % 2 == 0 and int8_path() in ("zmm", "vnni-zmm")
+            groups = rows // 2 if wide else rows  # float accumulators per activation row
+            zero = ir.Constant(V16F if wide else V8F, [0.0] * (16 if wide else 8))
 
             def emit(kind: int) -> list[ir.Value]:
                 size, header, _ = LAYOUT[kind]
-                accs = [ir.Constant(_V8F, [0.0] * 8)] * tile + [F32(0.0)] * tile
+                accs = [zero] * (groups * cols) + [F32(0.0)] * tile
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(BLOCK))
-                    xqv, abs_xq, dx, sx = [], [], [], []
+                    xqv, unsigned, dx, sx = [], [], [], []
                     for c in range(cols):
                         t_row = builder.add(t_first, i64(c))
-                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), _V32I8.as_pointer())
+                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), V32I8.as_pointer())
                         xqv.append(builder.load(q_ptr, align=1))
+                        if wide:
+                            xqv[c] = xq_twice(builder, xqv[c])
                         # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
-                        abs_xq.append(
-                            _x86(builder, "llvm.abs.v32i8", _V32I8, [xqv[c], ir.IntType(1)(0)])
-                        )
+                        unsigned.append(abs_bytes(builder, xqv[c]) if kind == 2 else None)
                         dx.append(builder.load(d_arr.ptr(builder, t_row, b)))
                         sx.append(builder.load(x_arr.ptr(builder, t_row, b)))
-                    vec, off = list(accs[:tile]), list(accs[tile:])
+                    codes, scales, offsets = [], [], []
                     for r in range(rows):
                         n = builder.add(n_first, i64(r))
                         start = builder.mul(b, i64(size))
                         block = b_arr.ptr(builder, n, start)
-                        codes = builder.gep(block, [i64(header)])
                         prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
-                        if kind == 2:
-                            codes32 = builder.load(
-                                builder.bitcast(codes, _V32I8.as_pointer()), align=1
-                            )
-                        else:
-                            packed = builder.load(
-                                builder.bitcast(codes, _V16I8.as_pointer()), align=1
-                            )
-                            lo = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-                            hi = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-                            codes32 = builder.shuffle_vector(lo, hi, mask(range(BLOCK)))
+                        codes.append(block_codes(builder, kind, builder.gep(block, [i64(header)])))
                         d, m = scale_offset(builder, kind, block)
+                        scales.append(d)
+                        offsets.append(m)
+                    vec, off = list(accs[: groups * cols]), list(accs[groups * cols :])
+                    for g in range(groups):
+                        if wide:
+                            operand = builder.shuffle_vector(
+                                codes[2 * g], codes[2 * g + 1], PAIR_BYTES
+                            )
+                            d_pair = scale_pair(builder, scales[2 * g], scales[2 * g + 1])
+                        else:
+                            operand = codes[g]
                         for c in range(cols):
-                            i = r * cols + c
                             if kind == 2:
-                                signed = _x86(
-                                    builder, "llvm.x86.avx2.psign.b", _V32I8, [codes32, xqv[c]]
-                                )
-                                pairs = _x86(
-                                    builder,
-                                    "llvm.x86.avx2.pmadd.ub.sw",
-                                    _V16I16,
-                                    [abs_xq[c], signed],
-                                )
+                                signed = signed_like(builder, operand, xqv[c])
+                                sums = quads(builder, unsigned[c], signed)
                             else:
-                                pairs = _x86(
-                                    builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [codes32, xqv[c]]
-                                )
-                            quads = _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, ones])
-                            ddx = splat(builder, builder.fmul(d, dx[c]), 8)
-                            vec[i] = fma(builder, ddx, builder.sitofp(quads, _V8F), vec[i])
-                            if kind != 2:  # Q8_0 has no offset
-                                off[i] = fma(builder, m, sx[c], off[i])
+                                sums = quads(builder, operand, xqv[c])
+                            if wide:
+                                ddx = builder.fmul(d_pair, splat(builder, dx[c], 16))
+                            else:
+                                ddx = splat(builder, builder.fmul(scales[g], dx[c]), 8)
+                            i = g * cols + c
+                            vec[i] = fma(builder, ddx, builder.sitofp(sums, zero.type), vec[i])
+                    if kind != 2:  # Q8_0 has no offset
+                        for r in range(rows):
+                            for c in range(cols):
+                                i = r * cols + c
+                                off[i] = fma(builder, offsets[r], sx[c], off[i])
                     return vec + off
 
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-                return [builder.fadd(hsum(builder, accs[i]), accs[tile + i]) for i in range(tile)]
+                lanes = []  # each (output row, activation row)'s eight float lanes
+                for r in range(rows):
+                    for c in range(cols):
+                        if wide:
+                            v = accs[(r // 2) * cols + c]
+                            lanes.append(builder.shuffle_vector(v, v, PAIR_LANES[r % 2]))
+                        else:
+                            lanes.append(accs[r * cols + c])
+                return [
+                    builder.fadd(hsum(builder, lanes[i]), accs[groups * cols + i])
+                    for i in range(tile)
+                ]
 
             sums = by_kind(builder, args[0], emit)
             return context.make_tuple(builder, sig.return_type, sums)
@@ -171,68 +179,38 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     return int8_dot
 
 
-# DECODE_TILE output rows x INT8_COLS activation rows, x 1, and 1 x 1
+# on zmm (32 registers, two output rows each), tiles of WIDE_COLS activation rows first
+WIDE_COLS = 4 if int8_path() in ("zmm", "vnni-zmm") else INT8_COLS
+HAS_WIDE = WIDE_COLS > INT8_COLS  # a constant: LLVM drops the wide branch where it is False
+# DECODE_TILE output rows x WIDE_COLS, x INT8_COLS activation rows, x 1, and 1 x 1
+_int8_wide = _make_int8_dot(DECODE_TILE, WIDE_COLS)
 _int8_tile = _make_int8_dot(DECODE_TILE, INT8_COLS)
 _int8_col = _make_int8_dot(DECODE_TILE, 1)
 _int8_one = _make_int8_dot(1, 1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Row ``t`` of :func:`quantize_activations`."""
-    for b in range(x.shape[1] // BLOCK):
-        amax = np.float32(0.0)
-        for j in range(b * BLOCK, (b + 1) * BLOCK):
-            amax = max(amax, abs(x[t, j]))
-        d = amax / np.float32(127.0)
-        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-        total = 0
-        for j in range(b * BLOCK, (b + 1) * BLOCK):
-            q = np.int8(np.rint(x[t, j] * inv))
-            xq[t, j] = q
-            total += int(q)
-        xd[t, b] = d
-        xs[t, b] = d * np.float32(total)
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def quantize_activations(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Per 32-input block of each row of ``x`` (T, K) float32 (ggml's ``quantize_row_q8_1``):
-    ``xd = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for an all-zero block) and
-    ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
-    ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
-    offset`` (summing the unquantized ``x`` for the offset term would leave
-    ``scale * sum(code * error)``, several times larger). Parallel over rows; the same values
-    as :func:`quantize_activations_serial`."""
-    for t in numba.prange(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-@numba.njit(cache=True, nogil=True)
-def quantize_activations_serial(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """:func:`quantize_activations` on the calling thread (a decode step's one or two rows:
-    waking the thread pool costs more than the rows)."""
-    for t in range(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
 def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
-    DECODE_TILE output rows by INT8_COLS activation rows, then the leftover rows one by one."""
+    DECODE_TILE output rows by WIDE_COLS, then INT8_COLS, then single activation rows, then the
+    leftover output rows one by one."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
     num_rows = xq.shape[0]
     t = 0
     while t < num_rows:
-        cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
+        if HAS_WIDE and t + WIDE_COLS <= num_rows:
+            cols = WIDE_COLS
+        else:
+            cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
         while n + DECODE_TILE <= n1:
-            if cols == INT8_COLS:
+            if HAS_WIDE and cols == WIDE_COLS:
+                rw = _int8_wide(kind, blocks, n, xq, xd, xs, t)
+                for i in range(DECODE_TILE):
+                    for c in range(WIDE_COLS):
+                        out[t + c, col + n + i] = rw[i * WIDE_COLS + c]
+            elif cols == INT8_COLS:
                 r = _int8_tile(kind, blocks, n, xq, xd, xs, t)
                 for i in range(DECODE_TILE):
                     for c in range(INT8_COLS):
@@ -263,9 +241,9 @@ def qmatmul_blocks_int8(
 ) -> None:  # pragma: no cover - compiled
     """``out = (xd * xq) @ concat(b0, b1, b2)[:num_parts].T``, laid out as
     :func:`pagedattn.model.block_dot.qmatmul_blocks`: one launch over tasks of ROWS_PER_TASK
-    output rows, tiles of DECODE_TILE output rows by INT8_COLS rows of ``xq`` (each block's
-    codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32 from
-    :func:`quantize_activations`."""
+    output rows, tiles of DECODE_TILE output rows by WIDE_COLS or INT8_COLS rows of ``xq``
+    (each block's codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32
+    from :func:`pagedattn.model.int8_quantize.quantize_activations`."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
         _int8_task(xq, xd, xs, blocks, kind, local, out, col)

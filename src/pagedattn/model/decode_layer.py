@@ -16,7 +16,7 @@ the general one). Fusion in the sense of llama.cpp's one graph per step (``llama
 not of merged arithmetic.
 
 The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; True: int8
-activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`, and its AVX2
+activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`, and its x86
 instructions, only into the specialisation that asks for it.
 """
 

@@ -216,7 +216,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
             block-quantized parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
-            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 only): faster, within about 1% of
+            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster, within about 1% of
             the exact result; float parts stay exact.
 
     Returns:
@@ -240,12 +240,12 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((x.shape[0], k // BLOCK), np.float32)
             xs = np.empty_like(xd)
-            from pagedattn.model import block_dot_int8  # compiled only for the int8 path
+            from pagedattn.model import int8_quantize  # compiled only for the int8 path
 
             quantize = (
-                block_dot_int8.quantize_activations_serial
+                int8_quantize.quantize_activations_serial
                 if len(x) <= SERIAL_MAX_ROWS
-                else block_dot_int8.quantize_activations
+                else int8_quantize.quantize_activations
             )
             quantize(x, xq, xd, xs)
             int8 = (xq, xd, xs)

@@ -1,0 +1,57 @@
+"""What the int8-path tests compare across the CPUs Numba compiles for.
+
+``python -m tests.model.int8_path_probe OUT.npz`` computes, on the CPU named by
+``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` (the host's without them), the int8-activation
+matmuls of :func:`cases` and the name of the int8 path that CPU gets, and saves them to
+``OUT.npz`` (plain arrays, no pickle); the tests call :func:`collect` in their own process for
+the host's values.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize
+
+from pagedattn.model.quantized import from_gguf_blocks, qmatmul
+
+KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+ROWS = (1, 2, 3, 5, 7)  # every kind of tile: 4, 2 and 1 activation rows (4: zmm paths)
+OUTPUTS = 23  # five tiles of four output rows and three leftover rows
+BLOCKS = 5
+
+
+def cases() -> Iterator[tuple[str, np.ndarray, np.ndarray, Q]]:
+    """(key, x (T, K) float32, raw GGUF blocks (N, bytes per row), kind) per kind and row count,
+    from fixed seeds; one activation channel is an outlier, as in real activations."""
+    for kind in KINDS:
+        rng = np.random.default_rng(int(kind))
+        w = rng.standard_normal((OUTPUTS, 32 * BLOCKS)).astype(np.float32)
+        raw = quantize(w, kind)
+        for rows in ROWS:
+            x = rng.standard_normal((rows, 32 * BLOCKS)).astype(np.float32)
+            x[:, 3] *= 30
+            x[0, 32:64] = 0  # an all-zero block: scale 0
+            yield f"{kind.name}_{rows}", x, raw, kind
+
+
+def collect() -> dict[str, np.ndarray]:
+    from pagedattn.model.int8_ir import int8_path
+
+    out = {"path": np.frombuffer(int8_path().encode(), np.uint8)}
+    for key, x, raw, kind in cases():
+        w = from_gguf_blocks(raw, kind.name, (raw.shape[0], x.shape[1]))
+        out[key] = qmatmul(x, w, activations="int8")
+    return out
+
+
+def main() -> None:
+    np.savez(Path(sys.argv[1]), **collect())  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()

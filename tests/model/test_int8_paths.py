@@ -1,0 +1,166 @@
+"""Every x86 path of the int8-activation matmuls gives the same bits: the host's path, the AVX2
+one (``NUMBA_CPU_NAME=haswell``), ymm VNNI (``alderlake``: AVX-VNNI, no AVX-512) and zmm without
+VNNI (``skylake-avx512``), each compiled in a subprocess of its own, and a by-hand float32
+re-derivation of ggml's AVX2 ``ggml_vec_dot_q4_1_q8_1`` (exact integer sums per four inputs,
+eight fused multiply-add lanes over the blocks, summed by halving, plus the offset term)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from pagedattn.kernels.target import has_avx2, has_avx512bw, has_vnni_256
+from tests.model import int8_path_probe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not has_avx2(), reason="int8 activations need AVX2")
+
+
+def _round32(value: Fraction) -> np.float32:
+    """``value`` rounded once to float32 (nearest, ties to even)."""
+    near = np.float32(float(value))
+    below = np.nextafter(near, np.float32(-np.inf))
+    above = np.nextafter(near, np.float32(np.inf))
+
+    def key(f: np.float32) -> tuple[Fraction, int]:
+        return abs(Fraction(float(f)) - value), int(np.array(f).view(np.uint32)) & 1
+
+    return min((below, near, above), key=key)
+
+
+def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    return _round32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+
+def _q8_1(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's quantize_row_q8_1 of one float32 row: per 32 inputs int8 codes, d = max|x| / 127
+    and s = d * sum(codes), all float32."""
+    blocks = row.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d))
+    q = np.rint(blocks * inv[:, None]).astype(np.int64)
+    return q, d, (d * q.sum(axis=1).astype(np.float32)).astype(np.float32)
+
+
+def _weight_blocks(raw: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes (N, B, 32) in input order, float32 scales and offsets (N, B) of ggml's block_q4_0
+    (f16 d, 16 bytes: input j low nibble, 16 + j high; offset -8 d), block_q4_1 (f16 d, f16 m,
+    16 bytes) or block_q8_0 (f16 d, 32 int8; no offset)."""
+    size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}[kind]
+    blocks = raw.reshape(raw.shape[0], -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == Q.Q8_0:
+        return blocks[..., 2:].view(np.int8).astype(np.int64), d, np.zeros_like(d)
+    header = 4 if kind == Q.Q4_1 else 2
+    packed = blocks[..., header:].astype(np.int64)
+    codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
+    if kind == Q.Q4_1:
+        return codes, d, blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return codes, d, d * np.float32(-8)
+
+
+def _by_hand(x: np.ndarray, raw: np.ndarray, kind: Q) -> np.ndarray:
+    codes, scales, offsets = _weight_blocks(raw, kind)
+    out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        xq, xd, xs = _q8_1(x[t])
+        for n in range(raw.shape[0]):
+            lanes = [np.float32(0)] * 8
+            off = np.float32(0)
+            for b in range(xq.shape[0]):
+                sums = (codes[n, b] * xq[b]).reshape(8, 4).sum(axis=1)  # exact
+                ddx = scales[n, b] * xd[b]
+                lanes = [_fma(ddx, np.float32(s), a) for s, a in zip(sums, lanes, strict=True)]
+                if kind != Q.Q8_0:
+                    off = _fma(offsets[n, b], xs[b], off)
+            while len(lanes) > 1:
+                half = len(lanes) // 2
+                lanes = [lanes[i] + lanes[i + half] for i in range(half)]
+            out[t, n] = lanes[0] + off
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_values() -> dict[str, np.ndarray]:
+    return int8_path_probe.collect()
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    return got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_host_path_is_ggml_q8_1_dot_by_hand(host_values: dict[str, np.ndarray]) -> None:
+    for key, x, raw, kind in int8_path_probe.cases():
+        assert _same_bits(host_values[key], _by_hand(x, raw, kind)), key
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.mark.skipif(
+    "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ,
+    reason="compiles for another CPU than the host",
+)
+def test_the_host_path_follows_its_cpuinfo_flags() -> None:
+    from pagedattn.model.int8_ir import int8_path
+
+    flags = _cpuinfo_flags()
+    if "avx2" not in flags:
+        pytest.skip("no /proc/cpuinfo flags line with AVX2")
+    if "avx512bw" in flags:
+        want = "vnni-zmm" if "avx512_vnni" in flags else "zmm"
+    elif "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags:
+        want = "vnni-ymm"
+    else:
+        want = "avx2"
+    assert int8_path() == want
+
+
+# CPU name -> (the path it compiles, whether this host can run that CPU's code)
+CPUS = {
+    "haswell": ("avx2", True),
+    "alderlake": ("vnni-ymm", has_vnni_256()),
+    "skylake-avx512": ("zmm", has_avx512bw()),
+}
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_each_path_has_the_host_bits(
+    cpu: str, host_values: dict[str, np.ndarray], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    path, runs_here = CPUS[cpu]
+    if not runs_here:
+        pytest.skip(f"this host cannot run code compiled for {cpu}")
+    cache = request.config.cache
+    cache_dir = cache.mkdir("numba-int8-paths") if cache is not None else tmp_path / "numba"
+    env = {
+        **os.environ,
+        "NUMBA_CPU_NAME": cpu,
+        "NUMBA_CPU_FEATURES": "",
+        "NUMBA_CACHE_DIR": str(cache_dir),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    target = tmp_path / "values.npz"
+    args = [sys.executable, "-m", "tests.model.int8_path_probe", str(target)]
+    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, f"{cpu}: rc {done.returncode}\n{done.stderr[-3000:]}"
+    with np.load(target) as data:
+        values = {k: data[k] for k in data.files}
+    assert values.pop("path").tobytes().decode() == path
+    host = {k: v for k, v in host_values.items() if k != "path"}
+    assert host.keys() == values.keys()
+    assert [k for k in host if not _same_bits(values[k], host[k])] == []
