@@ -3,8 +3,9 @@
 Every ``out[t, n]`` is one fixed sequence of float32 operations, the same whichever kernel
 computes it and on every CPU (any x86-64, aarch64):
 
-* weights are decoded as ``w = fma(scale, code, offset)``: exactly ``gguf.quants.dequantize``
-  (``scale * code`` of a float16 scale and a 4- or 8-bit code is exact in float32);
+* weights are decoded as ``gguf.quants.dequantize`` computes them, bit for bit
+  (:mod:`pagedattn.model.block_decoders`: ``fma(scale, code, offset)`` where ``scale * code``
+  is exact in float32, a K-quant's sub-block scales decoded once per 256-input super-block);
 * ``LANES`` = 16 lane accumulators: lane ``l`` takes ``acc[l] = fma(w[k], x[k], acc[l])`` for
   ``k = l, l + 16, l + 32, ...`` in increasing ``k`` (a block of 32 inputs is two steps);
 * the lanes are summed by halving: ``acc[i] += acc[i + 8]``, then ``+ 4``, ``+ 2``, ``+ 1``.
@@ -42,13 +43,14 @@ from numba.extending import intrinsic
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector, prefetch
-from pagedattn.model.block_ir import BLOCK, LANES, LAYOUT, VF, by_kind, decoded_block
+from pagedattn.model.block_decoders import GROUP, decoder, prefetch_offsets
+from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
 TILE_N = 2  # output rows per register tile
 TILE_T = 3  # activation rows per register tile (scratch kernel)
-STEPS = BLOCK // LANES  # accumulator steps per block
+STEPS = GROUP // LANES  # accumulator steps per group of 32 inputs
 
 
 def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
@@ -69,26 +71,34 @@ def _make_decode_dot(rows: int) -> Any:
             i64 = n_first.type
 
             def emit(kind: int) -> list[ir.Value]:
-                size = LAYOUT[kind][0]
+                elements, size = SHAPES[kind]
                 accs = [ir.Constant(VF, [0.0] * LANES)] * rows
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                    k = builder.mul(b, i64(BLOCK))
-                    xs = [
-                        _load_vf(builder, x_arr.ptr(builder, t_row, builder.add(k, i64(LANES * i))))
-                        for i in range(STEPS)
-                    ]
+                    k = builder.mul(b, i64(elements))
                     start = builder.mul(b, i64(size))
-                    out = []
+                    decoders = []
                     for r in range(rows):
                         n = builder.add(n_first, i64(r))
                         # the next tile's rows: interleaved rows defeat the stream prefetcher
-                        prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
-                        acc = accs[r]
-                        block = b_arr.ptr(builder, n, start)
-                        for w, xv in zip(decoded_block(builder, kind, block), xs, strict=True):
-                            acc = fma(builder, w, xv, acc)
-                        out.append(acc)
+                        ahead = builder.add(n, i64(2 * rows))
+                        for line in prefetch_offsets(kind):
+                            prefetch(
+                                builder, b_arr.ptr(builder, ahead, builder.add(start, i64(line)))
+                            )
+                        decoders.append(decoder(builder, kind, b_arr.ptr(builder, n, start)))
+                    out = list(accs)
+                    for g in range(decoders[0].groups):
+                        at = builder.add(k, i64(GROUP * g))
+                        xs = [
+                            _load_vf(
+                                builder, x_arr.ptr(builder, t_row, builder.add(at, i64(LANES * i)))
+                            )
+                            for i in range(STEPS)
+                        ]
+                        for r, dec in enumerate(decoders):
+                            for w, xv in zip(dec.group(g), xs, strict=True):
+                                out[r] = fma(builder, w, xv, out[r])
                     return out
 
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
@@ -104,8 +114,9 @@ def _make_decode_dot(rows: int) -> Any:
 
 @intrinsic  # type: ignore[misc]
 def decode_into(typingctx: Any, kind: Any, blocks: Any, n: Any, w: Any, r: Any) -> Any:
-    """w[r] = decoded row n of ``blocks`` (``kind``: Q4_0 = 0, Q4_1 = 1, Q8_0 = 2): float32,
-    the same values the dot kernels meet, written LANES at a time."""
+    """w[r] = decoded row n of ``blocks`` (``kind``: a value of
+    :data:`~pagedattn.model.block_ir.KINDS`): float32, the same values the dot kernels meet,
+    written LANES at a time."""
     sig = types.none(kind, blocks, n, w, r)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
@@ -115,14 +126,16 @@ def decode_into(typingctx: Any, kind: Any, blocks: Any, n: Any, w: Any, r: Any) 
         i64 = row.type
 
         def emit(kind: int) -> list[ir.Value]:
-            size = LAYOUT[kind][0]
+            elements, size = SHAPES[kind]
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                block = b_arr.ptr(builder, row, builder.mul(b, i64(size)))
-                for i, vec in enumerate(decoded_block(builder, kind, block)):
-                    col = builder.add(builder.mul(b, i64(BLOCK)), i64(LANES * i))
-                    dst = builder.bitcast(w_arr.ptr(builder, w_row, col), VF.as_pointer())
-                    builder.store(vec, dst, align=4)
+                dec = decoder(builder, kind, b_arr.ptr(builder, row, builder.mul(b, i64(size))))
+                for g in range(dec.groups):
+                    for i, vec in enumerate(dec.group(g)):
+                        col = builder.mul(b, i64(elements))
+                        col = builder.add(col, i64(GROUP * g + LANES * i))
+                        dst = builder.bitcast(w_arr.ptr(builder, w_row, col), VF.as_pointer())
+                        builder.store(vec, dst, align=4)
                 return accs
 
             carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), [], body)
@@ -301,10 +314,11 @@ def qmatmul_blocks(
     ROWS_PER_TASK output rows, each block decoded in registers and met by every row of ``x``
     (decode steps), DECODE_TILE output rows side by side.
 
-    x: (T, K) float32; b0..b2: block rows of ``kinds`` (Q4_0 = 0, Q4_1 = 1, Q8_0 = 2), parts
-    past ``num_parts`` (1 to 3) ignored; out: (T, sum of the parts' rows) float32, their
-    columns side by side (q|k|v, gate|up: one thread-pool wake-up instead of three). Each
-    output is the same operations whatever parts share the launch and whatever T is."""
+    x: (T, K) float32; b0..b2: block rows of ``kinds`` (values of
+    :data:`~pagedattn.model.block_ir.KINDS`), parts past ``num_parts`` (1 to 3) ignored;
+    out: (T, sum of the parts' rows) float32, their columns side by side (q|k|v, gate|up: one
+    thread-pool wake-up instead of three). Each output is the same operations whatever parts
+    share the launch and whatever T is."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
         _decode_task(x, blocks, kind, local, out, col)

@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 from pagedattn.kernels.simd_ir import F32, Arr2D, carried_loop, fma, hsum, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, LAYOUT, by_kind, scale_offset
+from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, by_kind, scale_offset
 from pagedattn.model.int8_ir import (
     PAIR_BYTES,
     PAIR_LANES,
@@ -171,7 +171,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     for i in range(tile)
                 ]
 
-            sums = by_kind(builder, args[0], emit)
+            sums = by_kind(builder, args[0], emit, INT8_KINDS)
             return context.make_tuple(builder, sig.return_type, sums)
 
         return sig, codegen

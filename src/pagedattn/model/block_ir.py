@@ -1,10 +1,11 @@
 """LLVM IR pieces of the GGUF block formats, shared by the float and the int8 matmul kernels.
 
-The block formats are ggml's ``block_q4_0``, ``block_q4_1`` and ``block_q8_0``
-(``ggml-common.h``): per 32 inputs a float16 scale, Q4_1's float16 minimum, then the codes
-(4-bit pairs, or int8). A kind is the runtime integer Q4_0 = 0, Q4_1 = 1, Q8_0 = 2; an
-intrinsic that serves every kind emits the three variants behind one switch on it
-(:func:`by_kind`), outside its loop over blocks. Nothing here names a host-specific
+The 32-input block formats are ggml's ``block_q4_0``, ``block_q4_1``, ``block_q8_0``,
+``block_q5_0`` and ``block_q5_1`` (``ggml-common.h``): a float16 scale, Q4_1's / Q5_1's float16
+minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The 256-input K-quant
+super-blocks are :mod:`pagedattn.model.block_decoders`'. A kind is the runtime integer of
+:data:`KINDS`; an intrinsic that serves several kinds emits one variant per kind behind one
+switch on it (:func:`by_kind`), outside its loop over blocks. Nothing here names a host-specific
 instruction: the float16 fields widen through :func:`pagedattn.kernels.half_ir.widen_half_bits`.
 """
 
@@ -22,7 +23,13 @@ BLOCK = 32
 LANES = 16  # float32 accumulator lanes per (output, input row): one zmm, or two ymm
 STEPS = BLOCK // LANES  # accumulator steps per block
 
-# kind -> (bytes per block, bytes before the codes, 4-bit codes?)
+# GGUF type name -> kind (the runtime integer the kernels switch on)
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4, "Q4_K": 5, "Q5_K": 6, "Q6_K": 7}
+# kind -> (inputs per block, bytes per block), as ggml.h's type traits
+SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
+SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
+INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read
+# kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS
 LAYOUT = {0: (18, 2, True), 1: (20, 4, True), 2: (34, 2, False)}
 
 VF = ir.VectorType(F32, LANES)
@@ -56,6 +63,8 @@ def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
 def decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
     """The 32 weights of the block at ``block`` (i8*) as STEPS <LANES x float>:
     fma(scale, code, offset) per input (the values of :func:`scale_offset`, splatted)."""
+    if kind in (3, 4):
+        return _decoded_q5(builder, kind, block)
     d_scalar, m_scalar = scale_offset(builder, kind, block)
     d = splat(builder, d_scalar, LANES)
     m = splat(builder, m_scalar, LANES)
@@ -81,12 +90,55 @@ def decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.
     return [fma(builder, d, builder.sitofp(c, VF), m) for c in steps]
 
 
+def _decoded_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+    """Q5_0 (``d * (code - 16)``) or Q5_1 (``fma(d, code, m)``): the code of input j is the
+    low (j < 16) or high nibble of byte ``j % 16`` of the codes, plus bit j of the
+    little-endian uint32 ``qh`` as its fifth bit (ggml ``dequantize_row_q5_0`` / ``_q5_1``;
+    ``d * code`` is exact, so both match ``gguf``'s float32 operations)."""
+    header = 2 if kind == 3 else 4
+    i32x16 = ir.VectorType(I32, LANES)
+    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
+    qh = builder.load(qh_ptr, align=1)
+    qh_v = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), qh, I32(0)),
+        ir.Constant(ir.VectorType(I32, 1), ir.Undefined),
+        mask([0] * LANES),
+    )
+    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
+    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+    wide = builder.zext(raw, i32x16)
+    nibbles = (
+        builder.and_(wide, ir.Constant(i32x16, [15] * LANES)),
+        builder.lshr(wide, ir.Constant(i32x16, [4] * LANES)),
+    )
+    d_scalar = half_at(builder, block, 0)
+    d = splat(builder, d_scalar, LANES)
+    out = []
+    for step, low in enumerate(nibbles):
+        # bit j of qh to bit 4: (qh >> j) << 4 & 16, for the inputs j of this step
+        bits = builder.lshr(qh_v, ir.Constant(i32x16, list(range(16 * step, 16 * step + 16))))
+        high = builder.and_(
+            builder.shl(bits, ir.Constant(i32x16, [4] * LANES)), ir.Constant(i32x16, [16] * LANES)
+        )
+        code = builder.or_(low, high)
+        if kind == 3:
+            centred = builder.sub(code, ir.Constant(i32x16, [16] * LANES))
+            out.append(builder.fmul(d, builder.sitofp(centred, VF)))
+        else:
+            m = splat(builder, half_at(builder, block, 2), LANES)
+            out.append(fma(builder, d, builder.sitofp(code, VF), m))
+    return out
+
+
 def by_kind(
-    builder: ir.IRBuilder, kind: ir.Value, emit: Callable[[int], list[ir.Value]]
+    builder: ir.IRBuilder,
+    kind: ir.Value,
+    emit: Callable[[int], list[ir.Value]],
+    kinds: tuple[int, ...] = tuple(SHAPES),
 ) -> list[ir.Value]:
-    """``emit(k)`` for the block kind held by the runtime integer ``kind`` (Q4_0 = 0, Q4_1 = 1,
-    Q8_0 otherwise), each variant in its own branch, the results merged through stack slots
-    (which LLVM turns into phis). ``emit`` returns the same types for every kind."""
+    """``emit(k)`` for the block kind held by the runtime integer ``kind``, one branch per
+    entry of ``kinds`` (the last one also takes any other value), the results merged through
+    stack slots (which LLVM turns into phis). ``emit`` returns the same types for every kind."""
     slots: list[ir.Value] = []
 
     def run(k: int) -> None:
@@ -96,12 +148,15 @@ def by_kind(
         for slot, value in zip(slots, values, strict=True):
             builder.store(value, slot)
 
-    with builder.if_else(builder.icmp_signed("==", kind, kind.type(0))) as (q4_0, other):
-        with q4_0:
-            run(0)
-        with other, builder.if_else(builder.icmp_signed("==", kind, kind.type(1))) as (q4_1, q8_0):
-            with q4_1:
-                run(1)
-            with q8_0:
-                run(2)
+    def chain(rest: tuple[int, ...]) -> None:
+        if len(rest) == 1:
+            run(rest[0])
+            return
+        with builder.if_else(builder.icmp_signed("==", kind, kind.type(rest[0]))) as (this, other):
+            with this:
+                run(rest[0])
+            with other:
+                chain(rest[1:])
+
+    chain(kinds)
     return [builder.load(s) for s in slots]

@@ -104,13 +104,13 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 
     x: (T, H) float32 residual stream, updated in place; eps: float32; attn_norm, mlp_norm:
     (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
-    (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (Q4_0 = 0, Q4_1 = 1,
-    Q8_0 = 2) as tuples for the fused launches; int8: None (exact float32) or True (int8
-    activations; every in_features a multiple of 32); cos, sin: (T, D/2) float32 RoPE tables; keep,
-    pages, offsets: the step's slot plan; k_cache, v_cache: this layer's (num_pages, nkv,
-    page_size, D) pool (float32, float16 bits, or int8 D + 4 wide); tables, ctx, splits,
-    num_splits, scale, window, num_sink: the step's validated decode plan (one sequence per
-    row, no sink re-rotation).
+    (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (values of
+    :data:`~pagedattn.model.block_ir.KINDS`) as tuples for the fused launches; int8: None
+    (exact float32) or True (int8 activations; every in_features a multiple of 32); cos, sin:
+    (T, D/2) float32 RoPE tables; keep, pages, offsets: the step's slot plan; k_cache, v_cache:
+    this layer's (num_pages, nkv, page_size, D) pool (float32, float16 bits, or int8 D + 4
+    wide); tables, ctx, splits, num_splits, scale, window, num_sink: the step's validated
+    decode plan (one sequence per row, no sink re-rotation).
     """
     rows, hidden = x.shape
     num_kv = k_cache.shape[1]

@@ -246,7 +246,7 @@ def gguf_weights(
         num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
         shape = tuple(int(d) for d in tensor.shape[::-1])
         kind = tensor.type_name
-        if kind in QUANTIZED_TYPES and len(shape) == 2 and shape[1] % 32 == 0:
+        if kind in QUANTIZED_TYPES and len(shape) == 2:
             block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
             if num_heads is not None:
                 rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]

@@ -81,9 +81,9 @@ class LlamaModel:
     """A Llama-architecture decoder whose attention runs on the paged KV pool.
 
     Every linear layer, the LM head and the embedding lookup read the weights in the form the
-    checkpoint stores them: GGUF Q4_0 / Q4_1 / Q8_0 blocks (``quantized``) decoded one row at
-    a time inside :func:`~pagedattn.model.quantized.qmatmul`, float32 arrays otherwise; no
-    float32 copy of a quantized matrix is ever made.
+    checkpoint stores them: GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K;
+    ``quantized``) decoded one row at a time inside :func:`~pagedattn.model.quantized.qmatmul`,
+    float32 arrays otherwise; no float32 copy of a quantized matrix is ever made.
 
     Batch invariance (the default NumPy backend): a token's logits are bitwise the same
     whether its sequence runs alone or in any batch, decode-only or mixed with prefill
@@ -170,7 +170,10 @@ class LlamaModel:
             )
         fused = [layer.fused_args() for layer in self.layers]
         self._fused: list[tuple[object, ...]] | None = None
-        if fused_decode and all(f is not None for f in fused):
+        int8_ready = activations != "int8" or all(
+            m.int8_capable for m in blocks.values()
+        )  # the fused int8 step reads Q4_0 / Q4_1 / Q8_0 only; other types take the general path
+        if fused_decode and int8_ready and all(f is not None for f in fused):
             self._fused = [f for f in fused if f is not None]
 
     @classmethod

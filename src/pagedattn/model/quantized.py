@@ -1,14 +1,14 @@
 """Block-quantized weight matrices kept as the GGUF's own bytes, and a Numba matmul over them.
 
-A GGUF Q4_0 / Q4_1 / Q8_0 matrix is, per block of 32 inputs, ``w = scale * code + offset`` with
-float16 ``scale``/``offset`` and small integer codes (ggml ``ggml-common.h`` ``block_q4_0``,
-``block_q4_1``, ``block_q8_0``; the ``gguf`` package's ``dequantize`` computes exactly
-``scale * code + offset`` in float32). :class:`BlockQuantized` keeps the raw blocks (a view of
-the memory-mapped file where possible: 0.56-1.06 bytes per weight, never a float32 copy) and
-:func:`qmatmul` multiplies by them without expanding the matrix: the kernels of
-:mod:`pagedattn.model.block_dot` decode each block as ``fma(scale, code, offset)`` (bit-identical
-to ``gguf.quants.dequantize``: ``scale * code`` is exact in float32) and accumulate in one fixed
-SIMD lane order.
+A GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix is, per block of 32 inputs,
+``w = scale * code + offset`` with float16 ``scale``/``offset`` and small integer codes (ggml
+``ggml-common.h`` ``block_q4_0`` ...); a Q4_K / Q5_K / Q6_K matrix is made of 256-input
+super-blocks whose sub-blocks of 32 (16 for Q6_K) have 6- or 8-bit scales under a float16 one.
+:class:`BlockQuantized` keeps the raw blocks (a view of the memory-mapped file where possible:
+0.56-1.06 bytes per weight, never a float32 copy) and :func:`qmatmul` multiplies by them without
+expanding the matrix: the kernels of :mod:`pagedattn.model.block_dot` decode each block in
+registers (:mod:`pagedattn.model.block_decoders`, bit-identical to ``gguf.quants.dequantize``)
+and accumulate in one fixed SIMD lane order.
 
 Batch invariance: ``out[t, n]`` is the same sequence of float32 operations on ``x[t]`` and row
 ``n`` whatever the number of rows in the call and wherever row ``t`` sits: one or two rows decode
@@ -26,14 +26,13 @@ import numpy as np
 
 from pagedattn.config import ACTIVATIONS
 from pagedattn.model.block_dot import decode_into, matmul_float, qmatmul_blocks, qmatmul_tiled
-from pagedattn.model.block_ir import LANES
+from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
-BLOCK = 32  # inputs per quantization block for Q4_0, Q4_1 and Q8_0
-# bytes per block: f16 scale (+ f16 offset for Q4_1) and the codes (4-bit pairs or int8)
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-SUPPORTED = tuple(BLOCK_BYTES)
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+BLOCK = 32  # inputs per activation block of the int8 path
+# GGUF type -> (inputs per block, bytes per block)
+BLOCK_SHAPES = {name: SHAPES[kind] for name, kind in KINDS.items()}
+SUPPORTED = tuple(BLOCK_SHAPES)
 ROWS_PER_TASK = 16  # output rows one thread applies to every input row (float weights)
 ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
 DECODE_MAX_ROWS = 2  # up to this many rows, decode blocks in registers for each row
@@ -44,12 +43,11 @@ class BlockQuantized:
     """A (out_features, in_features) matrix as GGUF blocks: row ``n`` is ``blocks[n]``.
 
     Attributes:
-        blocks: (out_features, in_features // 32 * BLOCK_BYTES[type_name]) uint8 rows exactly as
-            in the file (a read-only view of the memory-mapped GGUF where rows keep their order).
-        type_name: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
+        blocks: (out_features, blocks per row * bytes per block) uint8 rows exactly as in the
+            file (a read-only view of the memory-mapped GGUF where rows keep their order).
+        type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
 
-    The kernels read each block's float16 scale (and Q4_1's minimum) from these bytes: nothing
-    else is held per matrix (:attr:`scale` and :attr:`offset` are computed when asked).
+    The kernels read each block's scales from these bytes: nothing else is held per matrix.
     """
 
     blocks: np.ndarray
@@ -57,33 +55,17 @@ class BlockQuantized:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (
-            int(self.blocks.shape[0]),
-            int(self.blocks.shape[1]) // BLOCK_BYTES[self.type_name] * BLOCK,
-        )
-
-    @property
-    def scale(self) -> np.ndarray:
-        """(out_features, in_features // 32) float32: each block's float16 scale, exactly."""
-        return self._half_field(0)
-
-    @property
-    def offset(self) -> np.ndarray:
-        """(out_features, in_features // 32) float32: Q4_1's float16 minimum, Q4_0's
-        ``-8 * scale`` (its codes are stored + 8), zeros for Q8_0."""
-        if self.type_name == "Q4_1":
-            return self._half_field(2)
-        if self.type_name == "Q4_0":
-            return np.float32(-8.0) * self.scale  # exact: a float16 times 8
-        return np.zeros_like(self.scale)
-
-    def _half_field(self, at: int) -> np.ndarray:
-        per_block = self.blocks.reshape(self.blocks.shape[0], -1, BLOCK_BYTES[self.type_name])
-        return per_block[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+        elements, size = BLOCK_SHAPES[self.type_name]
+        return (int(self.blocks.shape[0]), int(self.blocks.shape[1]) // size * elements)
 
     @property
     def kind(self) -> int:
-        return _KIND[self.type_name]
+        return KINDS[self.type_name]
+
+    @property
+    def int8_capable(self) -> bool:
+        """Whether the int8-activation kernels read this format (Q4_0, Q4_1, Q8_0)."""
+        return self.kind in INT8_KINDS
 
     def dequantize(self) -> np.ndarray:
         """(out_features, in_features) float32, bit-identical to ``gguf.quants.dequantize``."""
@@ -100,8 +82,9 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
 
     Args:
         raw: uint8 tensor data, (out_features, bytes_per_row) or flat (e.g. the reader's memmap).
-        type_name: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
-        shape: (out_features, in_features); in_features a multiple of 32.
+        type_name: one of :data:`SUPPORTED`.
+        shape: (out_features, in_features); in_features a multiple of the type's block (32,
+            or 256 for the K-quants).
 
     Raises:
         ValueError: another type, or a byte count that does not match ``shape``.
@@ -109,10 +92,10 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     if type_name not in SUPPORTED:
         raise ValueError(f"block type {type_name!r} not supported; expected one of {SUPPORTED}")
     n, k = shape
-    size = BLOCK_BYTES[type_name]
-    if k % BLOCK or raw.size != n * (k // BLOCK) * size:
+    elements, size = BLOCK_SHAPES[type_name]
+    if k % elements or raw.size != n * (k // elements) * size:
         raise ValueError(f"{type_name} data of {raw.size} bytes does not match shape {shape}")
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // BLOCK * size)
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // elements * size)
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
     return BlockQuantized(blocks, type_name)
@@ -215,9 +198,10 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
-            block-quantized parts meet ``x`` quantized per 32-input block to int8, as llama.cpp
-            does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster, within about 1% of
-            the exact result; float parts stay exact.
+            Q4_0 / Q4_1 / Q8_0 parts meet ``x`` quantized per 32-input block to int8, as
+            llama.cpp does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster,
+            within about 1% of the exact result; float parts and the other block types (Q5_0,
+            Q5_1, the K-quants) stay exact.
 
     Returns:
         (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
@@ -254,18 +238,24 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
     out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
 
-    def in_registers(w: Matrix) -> bool:  # qmatmul_blocks: decode steps, and every int8 part
-        return isinstance(w, BlockQuantized) and (x.shape[0] <= DECODE_MAX_ROWS or int8 is not None)
+    def path(w: Matrix) -> str:  # int8 / registers: qmatmul_blocks(_int8); tiled; float
+        if not isinstance(w, BlockQuantized):
+            return "float"
+        if int8 is not None and w.int8_capable:
+            return "int8"
+        return "registers" if x.shape[0] <= DECODE_MAX_ROWS else "tiled"
 
-    if len(parts) <= 3 and all(in_registers(w) for w in parts):
-        _launch_blocks(x, int8, parts, out)  # q|k|v, gate|up: one launch
+    paths = {path(w) for w in parts}
+    if len(parts) <= 3 and len(paths) == 1 and paths <= {"int8", "registers"}:
+        _launch_blocks(x, int8 if paths == {"int8"} else None, parts, out)  # q|k|v: one launch
         return out
     col = 0
     for w in parts:
         n = w.shape[0]
         view = out[:, col : col + n] if len(parts) > 1 else out
-        if in_registers(w):
-            _launch_blocks(x, int8, (w,), view)
+        kind = path(w)
+        if isinstance(w, BlockQuantized) and kind in ("int8", "registers"):
+            _launch_blocks(x, int8 if kind == "int8" else None, (w,), view)
         elif isinstance(w, BlockQuantized):
             qmatmul_tiled(x, w.blocks, w.kind, view)
         else:

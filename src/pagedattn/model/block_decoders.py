@@ -1,0 +1,169 @@
+"""Block decoders in LLVM IR: every GGUF block format the kernels read, 32 inputs at a time.
+
+A decoder is made once per block (one row's block at the kernels' loop position) and hands out
+the block's inputs in groups of 32, as ``STEPS`` vectors of ``LANES`` float32 each, in input
+order, so the matmul kernels meet every format in the same lane order
+(:mod:`pagedattn.model.block_dot`). The 32-input formats (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) are one
+group, :func:`pagedattn.model.block_ir.decoded_block`. The K-quants are 256-input super-blocks
+(ggml ``ggml-common.h`` ``block_q4_K``, ``block_q5_K``, ``block_q6_K``; ``ggml-quants.c``
+``dequantize_row_q4_K`` and siblings; ``gguf.quants``' numpy code), eight groups whose scales
+are decoded once per super-block, all sub-blocks' at once in vector registers:
+
+* Q4_K / Q5_K: float16 ``d`` and ``dmin``, twelve bytes of 6-bit sub-block scales ``sc`` and
+  minima ``m`` (``get_scale_min_k4``), then the codes; ``w = (d * sc) * q - dmin * m``. In
+  float32 ``d * sc`` and ``dmin * m`` are exact (11 by 6 significant bits) and so is
+  ``(d * sc) * q``, so ``fma(d * sc, q, -(dmin * m))`` rounds once where ``gguf`` rounds its
+  final subtraction: the same bits.
+* Q6_K: 6-bit codes (low nibbles and 2 high bits) less 32, an int8 scale per 16 inputs and a
+  trailing float16 ``d``: ``w = (d * scale) * q``, both products exact.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from llvmlite import ir
+
+from pagedattn.kernels.simd_ir import F32, I8, I32, fma, mask, splat
+from pagedattn.model.block_ir import LANES, SHAPES, VF, decoded_block, half_at
+
+GROUP = 32  # inputs per group
+_I64 = ir.IntType(64)
+_V16I32 = ir.VectorType(I32, LANES)
+_V8I32 = ir.VectorType(I32, 8)
+_V8F = ir.VectorType(F32, 8)
+
+
+class Decoder(Protocol):
+    """The float32 weights of one block: ``groups`` groups of GROUP inputs."""
+
+    groups: int
+
+    def group(self, g: int) -> list[ir.Value]:
+        """Inputs ``[GROUP * g, GROUP * (g + 1))`` of the block as GROUP // LANES vectors."""
+        ...
+
+
+def decoder(builder: ir.IRBuilder, kind: int, block: ir.Value) -> Decoder:
+    """The decoder of the ``kind`` block at ``block`` (i8* at its first byte)."""
+    if kind in (5, 6):
+        return _Q45K(builder, kind, block)
+    if kind == 7:
+        return _Q6K(builder, block)
+    return _Simple(builder, kind, block)
+
+
+def prefetch_offsets(kind: int) -> range:
+    """Byte offsets within a block worth one prefetch each (one per 64-byte line)."""
+    return range(0, SHAPES[kind][1], 64)
+
+
+class _Simple:
+    groups = 1
+
+    def __init__(self, builder: ir.IRBuilder, kind: int, block: ir.Value) -> None:
+        self._builder, self._kind, self._block = builder, kind, block
+
+    def group(self, g: int) -> list[ir.Value]:
+        return decoded_block(self._builder, self._kind, self._block)
+
+
+class _Bytes:
+    """16-byte runs of a block widened to <16 x i32>, each loaded once."""
+
+    def __init__(self, builder: ir.IRBuilder, block: ir.Value) -> None:
+        self._builder, self._block = builder, block
+        self._loaded: dict[tuple[int, bool], ir.Value] = {}
+
+    def at(self, offset: int, signed: bool = False) -> ir.Value:
+        key = (offset, signed)
+        if key not in self._loaded:
+            b = self._builder
+            ptr = b.gep(self._block, [ir.Constant(_I64, offset)])
+            raw = b.load(b.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+            self._loaded[key] = b.sext(raw, _V16I32) if signed else b.zext(raw, _V16I32)
+        return self._loaded[key]
+
+
+def _ints(values: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I32, len(values)), values)
+
+
+def _lane(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
+    """<LANES x float> of lane ``i`` of ``v``."""
+    return builder.shuffle_vector(v, v, mask([i] * LANES))
+
+
+class _Q45K:
+    """Q4_K (kind 5: d, dmin, scales[12], qs[128]) or Q5_K (kind 6: ... qh[32] before qs)."""
+
+    groups = 8
+
+    def __init__(self, builder: ir.IRBuilder, kind: int, block: ir.Value) -> None:
+        b = self._builder = builder
+        self._kind = kind
+        self._bytes = _Bytes(builder, block)
+        self._codes = 16 if kind == 5 else 48
+        ptr = b.gep(block, [ir.Constant(_I64, 4)])
+        raw = b.zext(b.load(b.bitcast(ptr, ir.VectorType(I8, 12).as_pointer()), align=1),
+                     ir.VectorType(I32, 12))  # fmt: skip
+        # sub-block j < 4: sc = s[j] & 63, m = s[j + 4] & 63; j >= 4:
+        # sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4
+        a = b.shuffle_vector(raw, raw, mask([0, 1, 2, 3, 8, 9, 10, 11]))
+        m_low = b.shuffle_vector(raw, raw, mask([4, 5, 6, 7, 8, 9, 10, 11]))
+        sc_top = b.shuffle_vector(raw, raw, mask([0, 1, 2, 3, 0, 1, 2, 3]))
+        m_top = b.shuffle_vector(raw, raw, mask([4, 5, 6, 7, 4, 5, 6, 7]))
+        low_bits = _ints([63] * 4 + [15] * 4)
+        top_bits = _ints([0] * 4 + [48] * 4)
+        two = _ints([2] * 8)
+        sc = b.or_(b.and_(a, low_bits), b.and_(b.lshr(sc_top, two), top_bits))
+        mn = b.lshr(m_low, _ints([0] * 4 + [4] * 4))
+        mn = b.or_(b.and_(mn, low_bits), b.and_(b.lshr(m_top, two), top_bits))
+        d, dmin = splat(b, half_at(b, block, 0), 8), splat(b, half_at(b, block, 2), 8)
+        self._scale = b.fmul(d, b.sitofp(sc, _V8F))  # d * sc, as gguf rounds it
+        dm = b.fmul(dmin, b.sitofp(mn, _V8F))
+        self._offset = b.fmul(dm, splat(b, F32(-1.0), 8))  # -(dmin * m), exactly
+
+    def group(self, g: int) -> list[ir.Value]:
+        b = self._builder
+        pair, high_nibble = divmod(g, 2)
+        scale, offset = _lane(b, self._scale, g), _lane(b, self._offset, g)
+        out = []
+        for half in range(GROUP // LANES):
+            v = self._bytes.at(self._codes + GROUP * pair + LANES * half)
+            code = b.lshr(v, _ints([4] * LANES)) if high_nibble else b.and_(v, _ints([15] * LANES))
+            if self._kind == 6:  # bit g of qh[l] is the fifth bit of sub-block g's input l
+                qh = self._bytes.at(16 + LANES * half)
+                bit = b.and_(b.shl(b.lshr(qh, _ints([g] * LANES)), _ints([4] * LANES)),
+                             _ints([16] * LANES))  # fmt: skip
+                code = b.or_(code, bit)
+            out.append(fma(b, scale, b.sitofp(code, VF), offset))
+        return out
+
+
+class _Q6K:
+    """Q6_K: ql[128], qh[64], int8 scales[16], then float16 d."""
+
+    groups = 8
+
+    def __init__(self, builder: ir.IRBuilder, block: ir.Value) -> None:
+        b = self._builder = builder
+        self._bytes = _Bytes(builder, block)
+        d = splat(b, half_at(b, block, 208), LANES)
+        self._scale = b.fmul(d, b.sitofp(self._bytes.at(192, signed=True), VF))  # d * scale
+
+    def group(self, g: int) -> list[ir.Value]:
+        # group g = 32 * g.. of the super-block: half h = g // 4 of 128 inputs, quarter s = g % 4:
+        # low (s < 2) or high nibble of ql[64 h + 32 (s % 2) + l], bits 2 s of qh[32 h + l]
+        b = self._builder
+        h, s = divmod(g, 4)
+        out = []
+        for half in range(GROUP // LANES):
+            low = self._bytes.at(64 * h + 32 * (s % 2) + LANES * half)
+            nib = b.lshr(low, _ints([4] * LANES)) if s >= 2 else b.and_(low, _ints([15] * LANES))
+            qh = self._bytes.at(128 + 32 * h + LANES * half)
+            top = b.shl(b.and_(b.lshr(qh, _ints([2 * s] * LANES)), _ints([3] * LANES)),
+                        _ints([4] * LANES))  # fmt: skip
+            code = b.sub(b.or_(nib, top), _ints([32] * LANES))
+            out.append(b.fmul(_lane(b, self._scale, 2 * g + half), b.sitofp(code, VF)))
+        return out
