@@ -117,9 +117,12 @@ def write_tiny_gguf(
     drop: tuple[str, ...] = (),
     extra: dict[str, bool | int | float | str] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    stored: dict[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
 ) -> Path:
     """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype);
-    ``extra_tensors`` (GGUF names, float32) are written too, e.g. ``rope_freqs.weight``."""
+    ``extra_tensors`` (GGUF names, float32) are written too, e.g. ``rope_freqs.weight``;
+    ``stored`` (HF names) replaces those weights with tensors already in the file's form and
+    row order: raw blocks of the given type, or float32 arrays (type F32)."""
     writer = GGUFWriter(str(path), arch)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
@@ -131,7 +134,14 @@ def write_tiny_gguf(
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
     write_tensors(
-        writer, config, weights, qtype=qtype, drop=drop, extra=extra, extra_tensors=extra_tensors
+        writer,
+        config,
+        weights,
+        qtype=qtype,
+        drop=drop,
+        extra=extra,
+        extra_tensors=extra_tensors,
+        stored=stored,
     )
     return path
 
@@ -145,10 +155,12 @@ def write_tensors(
     drop: tuple[str, ...] = (),
     extra: dict[str, bool | int | float | str] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    stored: dict[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
 ) -> None:
     """Add the Llama hyperparameters, ``extra`` metadata, the weights (HF names, q/k rows
-    permuted as llama.cpp's converter does) and ``extra_tensors`` (GGUF names, float32) to
-    ``writer``, then write and close the file."""
+    permuted as llama.cpp's converter does; ``stored`` ones as given, see
+    :func:`write_tiny_gguf`) and ``extra_tensors`` (GGUF names, float32) to ``writer``, then
+    write and close the file."""
     writer.add_block_count(config.num_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -174,6 +186,13 @@ def write_tensors(
         writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
     for name, w in weights.items():
         if name in drop:
+            continue
+        if stored and name in stored:
+            data, data_type = stored[name]
+            if data_type == GGMLQuantizationType.F32:
+                writer.add_tensor(_gguf_name(name), np.ascontiguousarray(data, np.float32))
+            else:
+                writer.add_tensor(_gguf_name(name), data, raw_dtype=data_type)
             continue
         if name.endswith("q_proj.weight"):
             w = llama_cpp_permute(w, config.num_heads)
