@@ -1,7 +1,7 @@
 """Where a single-stream decode step's time goes, interleaved with llama.cpp in one process.
 
     .venv/bin/python benchmarks/decode_breakdown.py --context 512 [--kv-cache-dtype float16]
-        [--activations int8] [--rounds 25]
+        [--activations int8] [--rounds 25] [--model PATH.gguf]
 
 Each round times, one after the other (so every figure sees the same machine phase):
 
@@ -47,10 +47,12 @@ def main() -> None:
     parser.add_argument("--activations", default="float32", choices=("float32", "int8"))
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", "-m", default=None, help="GGUF file (default: SmolLM2)")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
     ctx = args.context
     llm = LLM(
+        args.model,
         page_size=16,
         num_pages=math.ceil((ctx + 4 * args.rounds + 16) / 16) + 8,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -116,7 +118,7 @@ def main() -> None:
         from benchmarks.peers.llamacpp import _last_logits, _load
 
         peer, _ = _load(
-            {"threads": args.threads, "model_path": embedded_model_path()},
+            {"threads": args.threads, "model_path": args.model or embedded_model_path()},
             ctx + 4 * args.rounds + 64,
         )
         peer.reset()
