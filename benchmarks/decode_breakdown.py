@@ -34,7 +34,7 @@ from pagedattn.engine.llm import LLM
 from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged import split_counts
 from pagedattn.kernels.paged_decode_numba import decode_attention
-from pagedattn.model.decode_layer import _project
+from pagedattn.model.block_dot import qmatmul_blocks
 from pagedattn.model.quantized import qmatmul
 from pagedattn.model.registry import embedded_model_path
 from pagedattn.sampling_params import SamplingParams
@@ -77,6 +77,15 @@ def main() -> None:
     qkv = np.empty((1, qkv_width), np.float32)
     o_out = np.empty((1, hidden), np.float32)
     gate_up = np.empty((1, 2 * inter), np.float32)
+
+    def _project(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+        """What decode_layer's fused step runs for one projection (its _project is Numba's)."""
+        if int8:
+            from pagedattn.model.block_dot_int8 import project_int8
+
+            project_int8(x, b0, b1, b2, kinds, num_parts, out)
+        else:
+            qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
 
     def matmuls() -> None:
         for w in layers:

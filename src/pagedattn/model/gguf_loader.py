@@ -1,11 +1,11 @@
 """Read a llama.cpp GGUF file: metadata -> ModelConfig, tensors -> float32 in Hugging Face layout.
 
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, parsed by :mod:`.gguf_header`
-(tensors other than F32 / F16 / F64 and the block-form Q4_0 / Q4_1 / Q8_0 are dequantized with
-``gguf.quants.dequantize`` when looked up). llama.cpp's converter permutes the rows of
-``attn_q`` / ``attn_k`` so that its interleaved ("GPT-J") RoPE matches the rotate-half RoPE of the
-Hugging Face checkpoint; :func:`reverse_permute` undoes that exactly as transformers' GGUF
-integration does, so our weights are in HF layout and we use HF's rotate-half RoPE.
+(tensors other than F32 / F16 / F64 and the block forms of :data:`.quantized.SUPPORTED` are
+dequantized with ``gguf.quants.dequantize`` when looked up). llama.cpp's converter permutes the
+rows of ``attn_q`` / ``attn_k`` so that its interleaved ("GPT-J") RoPE matches the rotate-half
+RoPE of the Hugging Face checkpoint; :func:`reverse_permute` undoes that exactly as transformers'
+GGUF integration does, so our weights are in HF layout and we use HF's rotate-half RoPE.
 """
 
 from __future__ import annotations
@@ -214,11 +214,11 @@ def gguf_weights(
 ) -> tuple[LazyWeights, dict[str, BlockQuantized]]:
     """Every used tensor, renamed to HF and with q/k rows un-permuted, without dequantizing.
 
-    Q4_0 / Q4_1 / Q8_0 matrices come back in block form (views of the memory-mapped file; q/k
-    rows reordered into a copy), whose ``dequantize()`` equals the float32 weight bit for bit
-    (see :mod:`.quantized`); the float32 mapping holds the other tensors and dequantizes a
-    quantized one only when it is looked up. Handles every type ``gguf.quants.dequantize``
-    knows (F32, F16, BF16, Q8_0, Q4_0, Q4_1, K-quants...).
+    Matrices of :data:`.quantized.SUPPORTED` types (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K) come back
+    in block form (views of the memory-mapped file; q/k rows reordered into a copy), whose
+    ``dequantize()`` equals the float32 weight bit for bit (see :mod:`.quantized`); the float32
+    mapping holds the other tensors and dequantizes a quantized one only when it is looked up.
+    Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q2_K, IQ4_NL...).
 
     Raises:
         ValueError: a tensor type the ``gguf`` package cannot dequantize, or a tensor a Llama

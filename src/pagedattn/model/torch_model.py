@@ -9,7 +9,7 @@ page tables go to the device once per step (:class:`TorchStepAttention`), activa
 KV pool stay there for the whole step, and only the requested rows' float32 logits come back
 as a NumPy array, so sampling on the host is the same on every backend.
 
-Weights: GGUF Q4_0 / Q4_1 / Q8_0 blocks are dequantized once (bit-identical to
+Weights: GGUF blocks (Q4_0 ... Q8_0, the K-quants) are dequantized once (bit-identical to
 ``gguf.quants.dequantize``) and every matrix is stored on the device in ``dtype`` (float32 by
 default; float16 / bfloat16 trade exactness for speed on CUDA). The KV pool stays float32.
 """
