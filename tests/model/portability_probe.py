@@ -28,6 +28,7 @@ from pagedattn.model.quantized import dequantize_rows, from_gguf_blocks, qmatmul
 from pagedattn.model.row_ops import rms_norm, silu_mul
 from tests.kernels.helpers import randn, scatter_sequences
 from tests.model.paging import PagedSequences
+from tests.model.random_blocks import NEW_TYPES, random_blocks
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
 TINY_PROMPT = [5, 9, 14, 20, 3, 7, 11, 40, 41, 42, 100, 7, 9, 3, 200, 17, 18]
@@ -44,6 +45,12 @@ def _matmuls(out: dict[str, np.ndarray]) -> None:
         for rows in (1, 2, 7):  # registers (decode), scratch (prefill), with tails
             x = rng.standard_normal((rows, 160)).astype(np.float32)
             out[f"qmatmul_{qtype.name}_{rows}"] = qmatmul(x, block, block)
+        out[f"dequantize_{qtype.name}"] = dequantize_rows(block, np.arange(37))
+    for qtype in NEW_TYPES:  # Q5_0, Q5_1 and the K-quants: random blocks, two super-blocks
+        block = from_gguf_blocks(random_blocks(qtype, (37, 512), rng), qtype.name, (37, 512))
+        for rows in (1, 7):
+            x = rng.standard_normal((rows, 512)).astype(np.float32)
+            out[f"qmatmul_{qtype.name}_{rows}"] = qmatmul(x, block)
         out[f"dequantize_{qtype.name}"] = dequantize_rows(block, np.arange(37))
     for width in (160, 150):  # a multiple of 16 lanes, and not
         w = rng.standard_normal((21, width)).astype(np.float32)
