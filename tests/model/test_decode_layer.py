@@ -1,7 +1,7 @@
 """The fused decode step (one compiled call per layer) is bitwise the step-by-step forward: the
 same logits and the same K/V written, on both activation paths and KV dtypes, with
-flash-decoding splits, a sliding window and sink tokens; and it is the path a one- or
-two-sequence decode step takes."""
+flash-decoding splits, a sliding window and sink tokens; and it is the path a decode step of
+up to FUSED_MAX_ROWS rows takes (several sequences, or one sequence's verify rows)."""
 
 from __future__ import annotations
 
@@ -84,9 +84,14 @@ def test_fused_decode_equals_the_step_by_step_forward(
     for name, model in (("fused", fused), ("plain", plain)):
         model.forward(prefill, kv[name])
     assert not calls  # a prefill step takes the general path
-    for step, seqs in enumerate([(0, 1), (1,), (0, 1), (0,)]):  # two rows, then one
-        nxt = [int(rng.integers(0, vocab)) for _ in seqs]
-        batch = _batch([([nxt[i]], lens[s], tables[s]) for i, s in enumerate(seqs)], window, sinks)
+    # one row per sequence; then a sequence's verify rows (one row per position, as
+    # speculative decoding lays them out): 9 rows (two register groups), then 3
+    steps = [(0, 1), (1,), (0, 1), (0,), (0,) * 5 + (1,) * 4, (1, 1, 1)]
+    for step, seqs in enumerate(steps):
+        rows = []
+        for i, s in enumerate(seqs):
+            rows.append(([int(rng.integers(0, vocab))], lens[s] + seqs[:i].count(s), tables[s]))
+        batch = _batch(rows, window, sinks)
         got = fused.forward(batch, kv["fused"])
         want = plain.forward(batch, kv["plain"])
         np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
@@ -94,4 +99,4 @@ def test_fused_decode_equals_the_step_by_step_forward(
         assert calls[-1] == (len(seqs), loaded.config.hidden_size)
         for s in seqs:
             lens[s] += 1
-    assert len(calls) == 4 * loaded.config.num_layers
+    assert len(calls) == len(steps) * loaded.config.num_layers

@@ -19,8 +19,9 @@ named anywhere in this module; the int8-activation kernels, which need AVX2, are
 definition:
 
 * :func:`qmatmul_blocks` decodes each block in registers, four output rows side by side, and
-  meets each activation row (decode steps, where every weight is used once); it prefetches the
-  rows two tiles ahead, since interleaved rows defeat the hardware stream prefetcher;
+  meets up to ``DECODE_COLS`` activation rows with it (decode steps and their verify rows,
+  where decoding the weights costs more than the multiply-adds); it prefetches the rows two
+  tiles ahead, since interleaved rows defeat the hardware stream prefetcher;
 * :func:`qmatmul_tiled` decodes a task's rows once into a float32 scratch that every activation
   row then meets in register tiles of ``TILE_N`` outputs by ``TILE_T`` rows (prefill, batches).
 
@@ -48,6 +49,8 @@ from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
+DECODE_COLS = 8  # most activation rows that meet each decoded block (decode kernel)
+WIDE_COLS = 6  # above this many, half the output rows per tile (registers: 32 vectors)
 TILE_N = 2  # output rows per register tile
 TILE_T = 3  # activation rows per register tile (scratch kernel)
 STEPS = GROUP // LANES  # accumulator steps per group of 32 inputs
@@ -57,22 +60,25 @@ def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
     return load_vector(builder, ptr, LANES)
 
 
-def _make_decode_dot(rows: int) -> Any:
-    """Intrinsic (kind, blocks, n0, x, t) -> UniTuple(float32, rows): out[t, n0 + r]."""
+def _make_decode_dot(rows: int, cols: int = 1) -> Any:
+    """Intrinsic (kind, blocks, n0, x, t0) -> UniTuple(float32, rows * cols): out[t0 + c, n0 + r]
+    at index ``r * cols + c``: each block of ``rows`` output rows is decoded once in registers
+    and met by ``cols`` activation rows, every accumulator taking the same ``fma`` sequence as
+    one row alone."""
 
     @intrinsic  # type: ignore[misc]
     def decode_dot(typingctx: Any, kind: Any, blocks: Any, n0: Any, x: Any, t: Any) -> Any:
-        sig = types.UniTuple(types.float32, rows)(kind, blocks, n0, x, t)
+        sig = types.UniTuple(types.float32, rows * cols)(kind, blocks, n0, x, t)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
             b_arr = Arr2D(context, builder, sig.args[1], args[1])
             x_arr = Arr2D(context, builder, sig.args[3], args[3])
-            n_first, t_row = args[2], args[4]
+            n_first, t_first = args[2], args[4]
             i64 = n_first.type
 
             def emit(kind: int) -> list[ir.Value]:
                 elements, size = SHAPES[kind]
-                accs = [ir.Constant(VF, [0.0] * LANES)] * rows
+                accs = [ir.Constant(VF, [0.0] * LANES)] * (rows * cols)
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(elements))
@@ -91,14 +97,25 @@ def _make_decode_dot(rows: int) -> Any:
                     for g in range(decoders[0].groups):
                         at = builder.add(k, i64(GROUP * g))
                         xs = [
-                            _load_vf(
-                                builder, x_arr.ptr(builder, t_row, builder.add(at, i64(LANES * i)))
-                            )
-                            for i in range(STEPS)
+                            [
+                                _load_vf(
+                                    builder,
+                                    x_arr.ptr(
+                                        builder,
+                                        builder.add(t_first, i64(c)),
+                                        builder.add(at, i64(LANES * i)),
+                                    ),
+                                )
+                                for i in range(STEPS)
+                            ]
+                            for c in range(cols)
                         ]
                         for r, dec in enumerate(decoders):
-                            for w, xv in zip(dec.group(g), xs, strict=True):
-                                out[r] = fma(builder, w, xv, out[r])
+                            ws = dec.group(g)  # decoded once, met by every row of x
+                            for c in range(cols):
+                                j = r * cols + c
+                                for w, xv in zip(ws, xs[c], strict=True):
+                                    out[j] = fma(builder, w, xv, out[j])
                     return out
 
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
@@ -186,26 +203,75 @@ def _make_scratch_dot(rows: int, cols: int) -> Any:
     return scratch_dot
 
 
-_decode_dot4, _decode_dot1 = _make_decode_dot(DECODE_TILE), _make_decode_dot(1)
 _scratch_tile, _scratch_col = _make_scratch_dot(TILE_N, TILE_T), _make_scratch_dot(TILE_N, 1)
 _scratch_one = _make_scratch_dot(1, 1)
 
 
+def _make_decode_rows(cols: int) -> Any:
+    """Compiled (x, blocks, kind, n0, n1, t, out, col): out[t + c, col + n] for c < ``cols``
+    and n in [n0, n1), each block decoded once in registers for the ``cols`` rows of x, tiles
+    of DECODE_TILE output rows (fewer where ``cols`` leaves the registers short), then single
+    rows."""
+    tile = DECODE_TILE if cols <= WIDE_COLS else DECODE_TILE // 2
+    dot_tile, dot_one = _make_decode_dot(tile, cols), _make_decode_dot(1, cols)
+
+    @numba.njit(nogil=True, inline="always")
+    def decode_rows(x, blocks, kind, n0, n1, t, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+        n = n0
+        while n + tile <= n1:
+            r = dot_tile(kind, blocks, n, x, t)
+            for i in range(tile):
+                for c in range(cols):
+                    out[t + c, col + n + i] = r[i * cols + c]
+            n += tile
+        while n < n1:
+            s = dot_one(kind, blocks, n, x, t)
+            for c in range(cols):
+                out[t + c, col + n] = s[c]
+            n += 1
+
+    return decode_rows
+
+
+_rows1, _rows2, _rows3, _rows4 = (_make_decode_rows(c) for c in (1, 2, 3, 4))
+_rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(c) for c in (5, 6, 7, 8))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_group(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t + c, col + n] for c < cols (1 to DECODE_COLS), n in [n0, n1)."""
+    if cols == 1:
+        _rows1(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 2:
+        _rows2(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 3:
+        _rows3(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 4:
+        _rows4(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 5:
+        _rows5(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 6:
+        _rows6(x, blocks, kind, n0, n1, t, out, col)
+    elif cols == 7:
+        _rows7(x, blocks, kind, n0, n1, t, out, col)
+    else:
+        _rows8(x, blocks, kind, n0, n1, t, out, col)
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _decode_task(x, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """out[t, col + n] = dot(x[t], decoded row n) for the ROWS_PER_TASK rows of ``task``."""
+    """out[t, col + n] = dot(x[t], decoded row n) for the ROWS_PER_TASK rows of ``task``: the
+    rows of x in as few groups of at most DECODE_COLS as cover them, sizes balanced (9 rows:
+    5 + 4), each group meeting every decoded block once."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
-    for t in range(x.shape[0]):
-        n = n0
-        while n + DECODE_TILE <= n1:
-            r = _decode_dot4(kind, blocks, n, x, t)
-            for i in range(DECODE_TILE):
-                out[t, col + n + i] = r[i]
-            n += DECODE_TILE
-        while n < n1:
-            out[t, col + n] = _decode_dot1(kind, blocks, n, x, t)[0]
-            n += 1
+    num_rows = x.shape[0]
+    groups = (num_rows + DECODE_COLS - 1) // DECODE_COLS
+    t = 0
+    for g in range(groups):
+        cols = (num_rows - t + groups - g - 1) // (groups - g)
+        _decode_group(x, blocks, kind, n0, n1, t, cols, out, col)
+        t += cols
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -1,4 +1,4 @@
-"""One decoder layer of a decode step (one or two new tokens) in a single compiled call.
+"""One decoder layer of a decode step (up to 16 one-token rows) in a single compiled call.
 
 A decode step of a 135M model is ~12 short operations per layer; called one by one from Python,
 each pays its wrapper's checks, a NumPy allocation and a Numba dispatch (~4-15 us each on a
@@ -100,7 +100,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     window,
     num_sink,
 ):
-    """``x += attention block; x += MLP block`` for the T (1 or 2) decode rows of ``x``.
+    """``x += attention block; x += MLP block`` for the T decode rows of ``x``.
 
     x: (T, H) float32 residual stream, updated in place; eps: float32; attn_norm, mlp_norm:
     (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v

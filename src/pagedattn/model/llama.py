@@ -28,14 +28,13 @@ from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.decode_layer import decode_layer
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import (
-    DECODE_MAX_ROWS,
     BlockQuantized,
     Matrix,
     check_activations,
     dequantize_rows,
     qmatmul,
 )
-from pagedattn.model.row_ops import SERIAL_MAX_ROWS, rms_norm, silu_mul
+from pagedattn.model.row_ops import rms_norm, silu_mul
 from pagedattn.model.weights import check_weights, expected_weight_shapes
 
 if TYPE_CHECKING:
@@ -43,9 +42,10 @@ if TYPE_CHECKING:
     from pagedattn.kernels.paged_plan import DecodePlan
     from pagedattn.model.loader import LoadedModel
 
-# Up to this many decode rows, a step runs each layer as one compiled call (decode_layer): the
-# rows every kernel of the general path would also run serially / in registers.
-FUSED_MAX_ROWS = min(DECODE_MAX_ROWS, SERIAL_MAX_ROWS)
+# Up to this many decode rows (sequences, or one sequence's verify rows), a step runs each layer
+# as one compiled call (decode_layer), its projections decoding each weight block in registers
+# once for up to 8 rows: bitwise the general path's results, without its per-operation calls.
+FUSED_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class LlamaModel:
     SwiGLU loop per row, RoPE and the residual adds are elementwise, decode rows (sequences
     with one new token) always use :func:`paged_attention_decode` with splits chosen from the
     sequence's own length, and prefill rows use :func:`paged_attention_prefill`, whose tiles
-    hold rows of one sequence only; a decode step of up to ``FUSED_MAX_ROWS`` sequences runs
+    hold rows of one sequence only; a decode step of up to ``FUSED_MAX_ROWS`` rows runs
     those same kernels, in the same order, one compiled call per layer
     (:mod:`pagedattn.model.decode_layer`). What does depend on scheduling: a prompt's results depend
     on how it is cut into chunks (rows of a chunk share prefill tiles of 32 rows counted from

@@ -11,8 +11,9 @@ registers (:mod:`pagedattn.model.block_decoders`, bit-identical to ``gguf.quants
 and accumulate in one fixed SIMD lane order.
 
 Batch invariance: ``out[t, n]`` is the same sequence of float32 operations on ``x[t]`` and row
-``n`` whatever the number of rows in the call and wherever row ``t`` sits: one or two rows decode
-the blocks in registers, more rows decode them once into a scratch, and both kernels share the
+``n`` whatever the number of rows in the call and wherever row ``t`` sits: up to
+``DECODE_MAX_ROWS`` rows decode the blocks in registers, more rows decode them once into a
+scratch, and both kernels share the
 lane order (``block_dot``'s docstring), so a token's result is bitwise the same alone or inside
 any batch, on every host.
 """
@@ -35,7 +36,7 @@ BLOCK_SHAPES = {name: SHAPES[kind] for name, kind in KINDS.items()}
 SUPPORTED = tuple(BLOCK_SHAPES)
 ROWS_PER_TASK = 16  # output rows one thread applies to every input row (float weights)
 ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
-DECODE_MAX_ROWS = 2  # up to this many rows, decode blocks in registers for each row
+DECODE_MAX_ROWS = 8  # up to this many rows, decode each block once in registers for all rows
 
 
 @dataclass(frozen=True)
