@@ -143,3 +143,11 @@ def has_vnni_512() -> bool:
     if not has_avx512bw():
         return False
     return re.search(r"vpdpwssd\s+[^\n]*%zmm", _pairwise_madd_then_add(16)) is not None
+
+
+@functools.cache
+def has_wide_registers() -> bool:
+    """True when the target has 32 vector registers of 512 bits (x86 AVX-512F): a kernel may
+    keep about twice as many 16-lane accumulators live as on AVX2's 16 ymm registers, where
+    each 16-lane vector takes two."""
+    return is_x86() and "+avx512f" in target_cpu()[1].split(",")

@@ -44,13 +44,26 @@ from numba.extending import intrinsic
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector, prefetch
+from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder, prefetch_offsets
 from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
-DECODE_COLS = 8  # most activation rows that meet each decoded block (decode kernel)
-WIDE_COLS = 6  # above this many, half the output rows per tile (registers: 32 vectors)
+# Most activation rows that meet each decoded block (decode kernel), and how many output rows a
+# tile of ``cols`` rows decodes side by side: what keeps its accumulators in registers (32 zmm
+# with AVX-512, 16 ymm holding 8 16-lane vectors otherwise). Speed only: every tile computes
+# each output with the same operations.
+DECODE_COLS = 8 if has_wide_registers() else 4
+
+
+def decode_tile_rows(cols: int) -> int:
+    """Output rows per register tile for ``cols`` activation rows."""
+    if has_wide_registers():
+        return DECODE_TILE if cols <= 6 else DECODE_TILE // 2
+    return max(1, DECODE_TILE // cols)
+
+
 TILE_N = 2  # output rows per register tile
 TILE_T = 3  # activation rows per register tile (scratch kernel)
 STEPS = GROUP // LANES  # accumulator steps per group of 32 inputs
@@ -210,9 +223,8 @@ _scratch_one = _make_scratch_dot(1, 1)
 def _make_decode_rows(cols: int) -> Any:
     """Compiled (x, blocks, kind, n0, n1, t, out, col): out[t + c, col + n] for c < ``cols``
     and n in [n0, n1), each block decoded once in registers for the ``cols`` rows of x, tiles
-    of DECODE_TILE output rows (fewer where ``cols`` leaves the registers short), then single
-    rows."""
-    tile = DECODE_TILE if cols <= WIDE_COLS else DECODE_TILE // 2
+    of :func:`decode_tile_rows` output rows, then single rows."""
+    tile = decode_tile_rows(cols)
     dot_tile, dot_one = _make_decode_dot(tile, cols), _make_decode_dot(1, cols)
 
     @numba.njit(nogil=True, inline="always")
@@ -234,7 +246,8 @@ def _make_decode_rows(cols: int) -> Any:
 
 
 _rows1, _rows2, _rows3, _rows4 = (_make_decode_rows(c) for c in (1, 2, 3, 4))
-_rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(c) for c in (5, 6, 7, 8))
+# built only where DECODE_COLS reaches them (never called otherwise)
+_rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(min(c, DECODE_COLS)) for c in (5, 6, 7, 8))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
