@@ -124,7 +124,14 @@ def staggered(reqs: list[tuple[str, str, SamplingParams]]) -> dict[int, list[Any
 
 
 def engine(tiny: tuple[LlamaModel, Any], speculative: str | None, **kw: Any) -> LLMEngine:
-    kw = {"page_size": PAGE, "num_pages": 512, "max_num_seqs": 32, **kw}
+    # rows treated as free: every sequence drafts whenever an n-gram matches (most verifies)
+    kw = {
+        "page_size": PAGE,
+        "num_pages": 512,
+        "max_num_seqs": 32,
+        "speculative_row_cost": 0.0,
+        **kw,
+    }
     return LLMEngine(engine_config(speculative=speculative, **kw), tiny[0], tiny[1])
 
 

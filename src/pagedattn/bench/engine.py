@@ -88,6 +88,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
             device=args.get("device"),
             activations=args.get("activations", "float32"),
             kv_cache_dtype=args.get("kv_cache_dtype", "float32"),
+            speculative=args.get("speculative", "none"),
         )
         return LLMEngine(config, model, loaded.tokenizer, model_fingerprint=loaded.fingerprint)
 

@@ -130,9 +130,9 @@ def run_spec_bench(
 
     loaded = load_model(model)
     net = build_model(loaded, resolve_model_backend("numpy", None))
-    common = {"enable_prefix_caching": False, "max_num_seqs": 1}
+    common: dict[str, Any] = {"enable_prefix_caching": False, "max_num_seqs": 1}
     engines = {
-        "off": LLMEngine(engine_config(model, **common), net, loaded.tokenizer,
+        "off": LLMEngine(engine_config(model, speculative="none", **common), net, loaded.tokenizer,
                          model_fingerprint=loaded.fingerprint),
         "on": LLMEngine(
             engine_config(model, speculative="ngram",

@@ -81,7 +81,7 @@ class EngineOptions:
     device: DeviceOption = None
     activations: ActivationsOption = "float32"
     kv_cache_dtype: KvCacheDtypeOption = "float32"
-    speculative: SpeculativeOption = None
+    speculative: SpeculativeOption = "auto"
     seed: EngineSeedOption = 0
     long_prefill_token_threshold: LongPrefillTokenThresholdOption = None
 

@@ -112,12 +112,14 @@ KvStoreDeadlineOption = Annotated[
     ),
 ]
 SpeculativeOption = Annotated[
-    str | None,
+    str,
     typer.Option(
         "--speculative",
-        metavar="METHOD",
+        metavar="auto|ngram|none",
         help="Speculative decoding: ngram drafts tokens from the request's own prompt and "
-        "output, verified in the same step; the output is bitwise the same. Off when absent.",
+        "output, verified in the same step (the output is bitwise the same), each request "
+        "only while its acceptance pays; auto (the default) is ngram where it is lossless "
+        "(numpy backend, no sliding window); none turns it off.",
         rich_help_panel=ENGINE,
     ),
 ]

@@ -141,7 +141,11 @@ def profile(
             warm.step()
         results = []
         for config in configs:
-            options: dict[str, Any] = {"page_size": page_size, "kv_cache_mib": kv_cache_mib}
+            options: dict[str, Any] = {
+                "page_size": page_size,
+                "kv_cache_mib": kv_cache_mib,
+                "speculative": "none",  # plain decoding's profile (bench spec measures drafts)
+            }
             options.update(config)
             if "num_pages" in options:
                 options.pop("kv_cache_mib")

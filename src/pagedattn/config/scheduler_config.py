@@ -7,6 +7,18 @@ from dataclasses import dataclass
 # Draft-free speculative decoding methods (None = off): "ngram" proposes the tokens that followed
 # the latest earlier occurrence of the sequence's last n tokens (prompt lookup).
 SPECULATIVE_METHODS = ("ngram",)
+# What an engine option may say: a method, "none" (off), or "auto" (the default: ngram where the
+# engine can verify drafts bitwise, i.e. the numpy backend without a sliding window, else off).
+SPECULATIVE_CHOICES = ("auto", "none", *SPECULATIVE_METHODS)
+
+
+def resolve_speculative(value: str | None, backend: str, sliding_window: int | None) -> str | None:
+    """The SchedulerConfig.speculative an engine option stands for (see SPECULATIVE_CHOICES)."""
+    if value is None or value == "none":
+        return None
+    if value == "auto":
+        return "ngram" if backend == "numpy" and sliding_window is None else None
+    return value  # a method (SchedulerConfig rejects an unknown one, naming the field)
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,10 @@ class SchedulerConfig:
         speculative_token_share: drafts are added only while the step's tokens, drafts
             included, stay within this share of ``max_num_batched_tokens`` (in (0, 1]): a large
             batch already reads each weight once for many rows, so drafts would only add work.
+        speculative_row_cost: a verify row's cost relative to a one-row decode step, which
+            sets how many drafts pay (:mod:`pagedattn.engine.spec.policy`), in [0, 1]; 0
+            treats rows as free: every sequence drafts ``num_speculative_tokens`` whenever an
+            n-gram matches.
 
     Raises:
         ValueError: a value outside the ranges above, naming the field.
@@ -55,6 +71,7 @@ class SchedulerConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     speculative_token_share: float = 1 / 32
+    speculative_row_cost: float = 0.25
 
     def __post_init__(self) -> None:
         self._check_speculative()
@@ -88,6 +105,11 @@ class SchedulerConfig:
                 raise ValueError(
                     f"SchedulerConfig.{field}: expected an int in [1, {most}], got {value!r}"
                 )
+        cost = self.speculative_row_cost
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= 1:
+            raise ValueError(
+                f"SchedulerConfig.speculative_row_cost: expected a float in [0, 1], got {cost!r}"
+            )
         if self.ngram_min > self.ngram_max:
             raise ValueError(
                 f"SchedulerConfig.ngram_min: expected <= ngram_max ({self.ngram_max}), "

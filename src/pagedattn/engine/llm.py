@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
+from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig, resolve_speculative
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import CompletionOutput, RequestOutput
 from pagedattn.sampling_params import SamplingParams
@@ -27,6 +27,9 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
             ``kv_store_key`` (a shared secret that signs the tier's records),
             ``kv_store_deadline_s`` (the most a step waits on tier lookups), ``backend``
             (numpy, torch), ``device`` (cpu, cuda) and ``activations`` (float32, int8).
+            ``speculative`` also takes ``"auto"`` (the default: n-gram speculative decoding
+            where it is bitwise lossless, the numpy backend without a sliding window; each
+            request drafts only while its acceptance pays) and ``"none"`` (off).
 
     Raises:
         ValueError: an unknown keyword, or a value the configs reject.
@@ -48,6 +51,12 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
             f"unknown engine option(s) {sorted(unknown)}; expected one of "
             f"{sorted(cache_fields | sched_fields | engine_fields)}"
         )
+    kwargs = dict(kwargs)
+    kwargs["speculative"] = resolve_speculative(
+        kwargs.get("speculative", "auto"),
+        kwargs.get("backend", "numpy"),
+        kwargs.get("sliding_window"),
+    )
     return EngineConfig(
         model=model,
         cache=CacheConfig(**{k: v for k, v in kwargs.items() if k in cache_fields}),

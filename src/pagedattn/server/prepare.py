@@ -117,6 +117,7 @@ class RequestPreparer:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=req.skip_special_tokens,
+                speculative_decoding="auto" if req.speculative else "off",
                 **extra,
             )
             params.check_vocab(self.engine.vocab_size)

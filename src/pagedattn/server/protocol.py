@@ -173,6 +173,8 @@ class SamplingFields(OpenAIRequest):
     structured_outputs: StructuredOutputs | None = None
     # the prompt's own logprobs (vLLM's format; server/prompt_logprobs.py)
     prompt_logprobs: int | None = None
+    # false: never draft tokens for this request (speculation never changes the output)
+    speculative: bool = True
     # informational: accepted, never change the output
     metadata: dict[str, Any] | None = None
     store: bool | None = None

@@ -9,10 +9,9 @@ hit on a page holding drafted tokens, and postprocess takes every rejected draft
 before the step ends (:func:`pagedattn.engine.spec.acceptance.commit_run`), so such a page
 never enters the prefix index or the persistent tier.
 
-The number drafted adapts per sequence: it starts at ``min(4, num_speculative_tokens)``, grows
-by 2 after a fully accepted draft and falls to one more than the accepted count after a
-rejection; after two verifies in a row accept nothing, the sequence stops drafting for
-2, 4, 8, then 16 steps (speculation that does not pay is switched off for it, and retried).
+How many each sequence drafts follows its own acceptance and the step's size
+(:mod:`pagedattn.engine.spec.policy`): only the drafts whose expected gain pays for their
+verify rows, none at all where speculation would slow the step down.
 """
 
 from __future__ import annotations
@@ -25,20 +24,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.spec.ngram import NgramIndex
-
-START_TOKENS = 4
-GROW_TOKENS = 2
-MAX_PAUSE_STEPS = 16
-
-
-@dataclasses.dataclass
-class DraftState:
-    """One sequence's speculation: its n-gram index and adaptive draft length."""
-
-    index: NgramIndex
-    num_tokens: int
-    misses: int = 0  # verifies in a row that accepted nothing
-    pause: int = 0  # steps left without drafting
+from pagedattn.engine.spec.policy import DraftState
 
 
 class Drafter:
@@ -57,9 +43,7 @@ class Drafter:
         state = self._states.get(seq)
         if state is None:
             c = self.config
-            state = DraftState(
-                NgramIndex(c.ngram_min, c.ngram_max), min(START_TOKENS, c.num_speculative_tokens)
-            )
+            state = DraftState(NgramIndex(c.ngram_min, c.ngram_max))
             self._states[seq] = state
         return state
 
@@ -104,6 +88,7 @@ class Drafter:
         share = int(c.speculative_token_share * c.max_num_batched_tokens)
         left = min(budget, share - sum(s.num_new_tokens for s in scheduled))
         ps = cache.page_size
+        rows = sum(1 for s in scheduled if s.num_new_tokens == 1)  # the step's decode rows
         for i, item in enumerate(scheduled):
             if left <= 0:
                 return
@@ -114,10 +99,17 @@ class Drafter:
             if state.pause > 0:
                 state.pause -= 1
                 continue
-            k = min(state.num_tokens, left, self.room(seq))
+            most = min(c.num_speculative_tokens, left, self.room(seq))
+            k = state.num_tokens(most, seq.num_tokens, rows, c.speculative_row_cost)
+            if k == 0 and most > 0:
+                if not state.probe_due:
+                    state.hold()
+                    continue
+                k = 1  # after a pause: one draft re-measures the acceptance
             tokens = state.index.propose(seq.token_ids, k) if k > 0 else []
             if not tokens:
                 continue
+            state.probe_due = False
             reserved = cache.num_tokens(seq.seq_id)
             need = -(-(reserved + len(tokens)) // ps) - -(-reserved // ps)
             if need > cache.allocator.num_allocatable(reclaim_cached=False):
@@ -127,20 +119,8 @@ class Drafter:
                 item, draft_token_ids=tuple(tokens), draft_slot_mapping=slots
             )
             left -= len(tokens)
+            rows += len(tokens)
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """Adapt the sequence's draft length to a verify that accepted ``num_accepted`` of
-        ``num_drafted`` drafts."""
-        state = self.state(seq)
-        if num_accepted >= num_drafted:
-            state.num_tokens = min(
-                state.num_tokens + GROW_TOKENS, self.config.num_speculative_tokens
-            )
-        else:
-            state.num_tokens = max(1, num_accepted + 1)
-        if num_accepted > 0:
-            state.misses = 0
-            return
-        state.misses += 1
-        if state.misses >= 2:
-            state.pause = min(2 ** (state.misses - 1), MAX_PAUSE_STEPS)
+        """Count a verify of ``seq`` that accepted ``num_accepted`` of ``num_drafted`` drafts."""
+        self.state(seq).record(num_drafted, num_accepted)
