@@ -23,7 +23,7 @@ def complete(srv: RunningServer, prompt: str) -> dict:
 
 
 def test_counters_and_histograms_after_a_known_workload(make_server: ServerFactory) -> None:
-    with make_server() as srv:
+    with make_server(speculative="none") as srv:  # one token per step: plain decoding's counts
         idle = srv.metrics()
         assert idle["pagedattn:prompt_tokens_total"] == 0
         usages = [complete(srv, p)["usage"] for p in PROMPTS]
