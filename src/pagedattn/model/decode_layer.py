@@ -1,4 +1,4 @@
-"""One decoder layer of a decode step (up to 16 one-token rows) in a single compiled call.
+"""One decoder layer of a decode step (up to ``FUSED_MAX_ROWS`` one-token rows), one compiled call.
 
 A decode step of a 135M model is ~12 short operations per layer; called one by one from Python,
 each pays its wrapper's checks, a NumPy allocation and a Numba dispatch (~4-15 us each on a

@@ -25,6 +25,7 @@ from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
 from pagedattn.model.attention_split import AttentionSplit
+from pagedattn.model.block_dot import DECODE_COLS
 from pagedattn.model.decode_layer import decode_layer
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import (
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
 
 # Up to this many decode rows (sequences, or one sequence's verify rows), a step runs each layer
 # as one compiled call (decode_layer), its projections decoding each weight block in registers
-# once for up to 8 rows: bitwise the general path's results, without its per-operation calls.
-FUSED_MAX_ROWS = 16
+# once per DECODE_COLS rows (at most twice here): bitwise the general path's results, without
+# its per-operation calls.
+FUSED_MAX_ROWS = 2 * DECODE_COLS
 
 
 @dataclass(frozen=True)
