@@ -41,6 +41,7 @@ def _register() -> None:
         chat,
         demo,
         eval,
+        eval_report,
         generate,
         profile,
         serve,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.eval.kv_pools import make_pool
 from pagedattn.eval.policies import EvictionPolicy
 from pagedattn.model.forward_batch import ForwardBatch
 
@@ -41,6 +42,10 @@ class PerplexityResult:
     num_sink_tokens: int
     path: str  # "fast" (chunked prefill) or "token" (one token per step)
     seconds: float
+    kv_cache_dtype: str = "float32"
+    page_bytes: int = 0  # one page of the pool (every layer's K and V)
+    activations: str = "float32"  # the model's matmul inputs (``int8``: llama.cpp's arithmetic)
+    method: str = "stream"  # "stream" (every next token) or "chunks" (see ``eval.chunks``)
     extra: dict[str, Any] = field(default_factory=dict)
     # With ``trace=True``: (first position, token count, resident logical pages) per forward.
     resident_log: list[tuple[int, int, list[int]]] | None = None
@@ -63,6 +68,10 @@ class PerplexityResult:
             "policy": self.policy,
             "position_mode": self.position_mode,
             "budget": self.budget,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "page_bytes": self.page_bytes,
+            "activations": self.activations,
+            "method": self.method,
             "tokens": self.tokens,
             "perplexity": self.perplexity,
             "mean_nll": self.mean_nll,
@@ -90,10 +99,12 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 class _PagedSequence:
     """One sequence's page table over a private page pool (free list, absent entries = -1)."""
 
-    def __init__(self, model: Any, num_tokens: int, page_size: int, max_pages: int) -> None:
+    def __init__(
+        self, model: Any, num_tokens: int, page_size: int, max_pages: int, dtype: str
+    ) -> None:
         self.page_size = page_size
         self.table = np.full((1, -(-num_tokens // page_size)), -1, np.int32)
-        self.kv = np.zeros(model.kv_shape(max_pages, page_size), np.float32)
+        self.kv = make_pool(model, max_pages, page_size, dtype)
         self.free = list(range(max_pages - 1, -1, -1))
         self.peak = 0
 
@@ -141,6 +152,7 @@ def run_perplexity(
     fast: bool = True,
     chunk_tokens: int = 256,
     trace: bool = False,
+    kv_cache_dtype: str = "float32",
 ) -> PerplexityResult:
     """Perplexity of ``model`` over ``token_ids`` with ``policy`` managing the KV pages.
 
@@ -154,12 +166,14 @@ def run_perplexity(
             run token by token).
         chunk_tokens: chunk length of the fast path for a policy without a page budget.
         trace: also log the resident pages of every forward (``resident_log``).
+        kv_cache_dtype: storage dtype of the page pool (``KV_CACHE_DTYPES``).
 
     Returns:
         A :class:`PerplexityResult`.
 
     Raises:
-        ValueError: fewer than 2 tokens, or a non-positive ``page_size`` / ``chunk_tokens``.
+        ValueError: fewer than 2 tokens, a non-positive ``page_size`` / ``chunk_tokens``, or
+            an unknown ``kv_cache_dtype``.
     """
     ids = np.asarray(token_ids, dtype=np.int64)
     if ids.ndim != 1 or ids.size < 2:
@@ -169,7 +183,7 @@ def run_perplexity(
     n = ids.size - 1  # tokens fed (the last one is only a target)
     total_pages = -(-n // page_size)
     max_pages = total_pages if policy.max_pages is None else min(policy.max_pages, total_pages)
-    seq = _PagedSequence(model, n, page_size, max_pages)
+    seq = _PagedSequence(model, n, page_size, max_pages, kv_cache_dtype)
     token_by_token = policy.needs_attention or not fast
     fast_chunk = chunk_tokens if policy.max_pages is None else page_size
     chunk = 1 if token_by_token else fast_chunk
@@ -220,5 +234,8 @@ def run_perplexity(
         num_sink_tokens=policy.num_sink_tokens,
         path="token" if token_by_token else "fast",
         seconds=time.perf_counter() - began,
+        kv_cache_dtype=kv_cache_dtype,
+        page_bytes=int(seq.kv.nbytes) // max_pages,
+        activations=str(getattr(model, "activations", "float32")),
         resident_log=log,
     )

@@ -1,4 +1,10 @@
-"""Reports of the perplexity lab: a policy x budget table, JSON records, a two-panel PNG."""
+"""Reports of the perplexity lab: a (policy, KV dtype) x budget table, JSON records, a PNG.
+
+Records written before the dtype axis existed read as float32 KV, float32 activations and the
+streaming method. A byte budget (``budget_bytes``) is a column of its own, whose cells also say
+how many tokens the bytes bought in that row's dtype, so one column compares dtypes at equal
+memory.
+"""
 
 from __future__ import annotations
 
@@ -7,107 +13,136 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _label(record: dict[str, Any]) -> str:
-    mode = record["position_mode"]
-    return record["policy"] if mode == "absolute" else f"{record['policy']} ({mode})"
+DTYPE_STYLES = {"float32": "-", "float16": "--", "int8": ":"}
 
 
-def _full(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((r for r in records if r["policy"] == "full"), None)
+def normalized(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the fields older records lack at their values of the time."""
+    defaults = {
+        "kv_cache_dtype": "float32",
+        "activations": "float32",
+        "method": "stream",
+        "budget_bytes": None,
+    }
+    return {**defaults, **record}
+
+
+def label(record: dict[str, Any]) -> str:
+    """Row label: policy, position mode unless absolute, activations and method unless default."""
+    r = normalized(record)
+    out = (
+        r["policy"] if r["position_mode"] == "absolute" else f"{r['policy']} ({r['position_mode']})"
+    )
+    if r["activations"] != "float32":
+        out += f", activations {r['activations']}"
+    if r["method"] == "chunks":
+        out += f", chunks of {r.get('chunk_tokens')}"
+    return out
+
+
+def run_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two records the same run (a later one replaces an earlier one on merge)."""
+    r = normalized(record)
+    return (
+        r["policy"],
+        r["position_mode"],
+        r["budget"],
+        r["budget_bytes"],
+        r["tokens"],
+        r["kv_cache_dtype"],
+        r["activations"],
+        r["method"],
+        r.get("chunk_tokens"),
+    )
+
+
+def _reference(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``full`` run a record's ratio divides by: float32 KV, else the record's own dtype,
+    with the same tokens, activations and method."""
+    r = normalized(record)
+    same = [
+        f
+        for f in map(normalized, records)
+        if f["policy"] == "full"
+        and (f["tokens"], f["activations"], f["method"])
+        == (r["tokens"], r["activations"], r["method"])
+    ]
+    for dtype in ("float32", r["kv_cache_dtype"]):
+        hit = next((f for f in same if f["kv_cache_dtype"] == dtype), None)
+        if hit is not None:
+            return hit
+    return None
+
+
+def format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % (scale // 16) == 0:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
 
 
 def table_rows(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: one row per (policy, position mode), one column per budget; a cell is
-    ``perplexity (ratio to full)``; ``full`` (no eviction) gets one cell for every budget.
+    """Header and rows: one row per (policy, position mode, KV dtype), rows of one policy next to
+    each other; one column per token budget, then one per byte budget. A cell is ``perplexity
+    (ratio to full with float32 KV)``, a byte budget's cell adds the tokens it bought
+    (``@ 512 tok``); ``full`` (no eviction) gets one cell for every budget.
 
     Args:
         records: :meth:`PerplexityResult.record` dicts.
     """
-    budgets = sorted({r["budget"] for r in records if r["budget"] is not None})
-    full = _full(records)
-    header = ["policy", *[f"budget {b}" for b in budgets]]
+    recs = [normalized(r) for r in records]
+    budgets = sorted(
+        {r["budget"] for r in recs if r["budget"] is not None and r["budget_bytes"] is None}
+    )
+    sizes = sorted({r["budget_bytes"] for r in recs if r["budget_bytes"] is not None})
+    header = [
+        "policy",
+        "KV dtype",
+        *[f"budget {b}" for b in budgets],
+        *[f"budget {format_bytes(s)}" for s in sizes],
+    ]
+    dtypes = list(dict.fromkeys(r["kv_cache_dtype"] for r in recs))
     rows: list[list[str]] = []
-    labels = list(dict.fromkeys(_label(r) for r in records))
-    for label in labels:
-        mine = [r for r in records if _label(r) == label]
-        row = [label]
-        for b in budgets:
-            hit = next((r for r in mine if r["budget"] in (b, None)), None)
-            if hit is None:
-                row.append("-")
+    for name in dict.fromkeys(label(r) for r in recs):
+        for dtype in dtypes:
+            mine = [r for r in recs if label(r) == name and r["kv_cache_dtype"] == dtype]
+            if not mine:
                 continue
-            cell = f"{hit['perplexity']:.2f}"
-            if full is not None:
-                cell += f" ({hit['perplexity'] / full['perplexity']:.2f}x)"
-            row.append(cell)
-        rows.append(row)
+            row = [name, dtype]
+            for b in budgets:
+                row.append(
+                    _cell(
+                        next(
+                            (
+                                r
+                                for r in mine
+                                if r["budget"] in (b, None) and r["budget_bytes"] is None
+                            ),
+                            None,
+                        ),
+                        recs,
+                        False,
+                    )
+                )
+            for s in sizes:
+                hit = next((r for r in mine if r["budget_bytes"] == s or r["budget"] is None), None)
+                row.append(_cell(hit, recs, True))
+            rows.append(row)
     return header, rows
+
+
+def _cell(hit: dict[str, Any] | None, records: Sequence[dict[str, Any]], by_bytes: bool) -> str:
+    if hit is None:
+        return "-"
+    cell = f"{hit['perplexity']:.2f}"
+    ref = _reference(hit, records)
+    if ref is not None:
+        cell += f" ({hit['perplexity'] / ref['perplexity']:.2f}x)"
+    if by_bytes and hit["budget"] is not None:
+        cell += f" @ {hit['budget']} tok"
+    return cell
 
 
 def write_json(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """Write the records as a JSON list (UTF-8, indented)."""
     path.write_text(json.dumps(list(records), indent=1) + "\n", encoding="utf-8")
-
-
-def write_plot(
-    path: Path, records: Sequence[dict[str, Any]], curve_budget: int, title: str = ""
-) -> None:
-    """Two panels: perplexity vs budget per policy (log y; ``full`` as a dashed line) and the
-    running mean NLL vs position at ``curve_budget`` (where a window-only collapse shows).
-
-    Raises:
-        ImportError: matplotlib missing (the ``plot`` extra).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "--plot needs matplotlib: pip install 'pagedattn[plot]' (make run installs it)"
-        ) from exc
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    full = _full(records)
-    labels = list(dict.fromkeys(_label(r) for r in records if r["policy"] != "full"))
-    colors = {label: f"C{i + 1}" for i, label in enumerate(labels)}  # the same in both panels
-    colors["full"] = "black"
-    for label in labels:
-        mine = sorted((r for r in records if _label(r) == label), key=lambda r: r["budget"])
-        ax1.plot(
-            [r["budget"] for r in mine],
-            [r["perplexity"] for r in mine],
-            marker="o",
-            label=label,
-            color=colors[label],
-        )
-    if full is not None:
-        ax1.axhline(full["perplexity"], color="black", linestyle="--", label="full (no eviction)")
-    ax1.set_xscale("log", base=2)
-    ax1.set_yscale("log")
-    ax1.set_xlabel("KV budget (tokens, sink pages included)")
-    ax1.set_ylabel("perplexity")
-    ax1.set_title("Perplexity vs KV budget")
-    ax1.legend(fontsize=8)
-    tail: list[float] = []  # values past the first budget's worth of tokens set the y range
-    for r in records:
-        if r["budget"] == curve_budget or r["policy"] == "full":
-            curve = r["running_mean_nll"]
-            style = "--" if r["policy"] == "full" else "-"
-            ax2.plot(
-                curve["position"], curve["value"], style, label=_label(r), color=colors[_label(r)]
-            )
-            tail += [v for p, v in zip(curve["position"], curve["value"], strict=True) if p > 64]
-    if tail:
-        ax2.set_ylim(min(tail) - 0.2, max(tail) + 0.2)
-    ax2.axvline(curve_budget, color="grey", linewidth=0.8)
-    ax2.set_xlabel("position (tokens)")
-    ax2.set_ylabel("running mean NLL (nats)")
-    ax2.set_title(f"Running mean NLL, budget {curve_budget}")
-    ax2.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
