@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from pagedattn.cli import _register
@@ -122,3 +123,24 @@ def test_eval_refuses_bad_dtype_bytes_and_method(tiny_gguf: Path) -> None:
     assert code == 1 and "--method chunks: scores the full cache only" in out
     code, out = _invoke(*base, "--method", "sliding")
     assert code == 1 and "--method: expected one of stream, chunks" in out
+
+
+def test_activations_int8_is_recorded(tiny_gguf: Path, tmp_path: Path) -> None:
+    from pagedattn.model.block_dot_int8 import int8_unsupported
+
+    if int8_unsupported() is not None:
+        pytest.skip(str(int8_unsupported()))
+    text = tmp_path / "novel.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out_json = tmp_path / "int8.json"
+    code, out = _invoke(
+        "ppl", "--model", str(tiny_gguf), "--text", str(text), "--tokens", "40",
+        "--policy", "full", "--activations", "int8", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, out
+    (record,) = json.loads(out_json.read_text())
+    ids = load_model(tiny_gguf).tokenizer.encode(TEXT, add_special_tokens=False)[:40]
+    exact = math.exp(float(_prefill_nll(tiny_gguf, ids).mean()))
+    assert record["activations"] == "int8" and "activations int8" in out
+    # int8 activations meet block-quantized weights only; the tiny GGUF's are float32
+    assert abs(record["perplexity"] - exact) <= 1e-3 * exact
