@@ -86,6 +86,13 @@ def test_dtype_axis_and_byte_budgets(tiny_gguf: Path, tmp_path: Path) -> None:
     sinks32 = next(line for line in out.splitlines() if "sinks" in line and "float32" in line)
     assert "@ 32 tok" in sinks32
     assert f"({full16 / full32:.2f}x)" in out  # ratios against float32's full cache
+    # Without float32's byte-budget run, its 32-token run fills the 16 KiB cell (4 pages)
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps([r for i, r in enumerate(records) if i != 2]))
+    code, out = _invoke("report", str(part))
+    assert code == 0, out
+    sinks32 = next(line for line in out.splitlines() if "sinks" in line and "float32" in line)
+    assert sinks32.count(f"{records[1]['perplexity']:.2f}") == 2 and "@ 32 tok" in sinks32
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -44,7 +44,8 @@ def write_plot(
     for name in names:
         for dtype in dtypes:
             mine = [r for r in bounded if label(r) == name and r["kv_cache_dtype"] == dtype]
-            mine.sort(key=_kv_mib if in_mib else lambda r: r["budget"])
+            mine = list({r["budget"]: r for r in mine}.values())  # a byte budget = its tokens
+            mine.sort(key=lambda r: r["budget"])
             if not mine:
                 continue
             ax1.plot(

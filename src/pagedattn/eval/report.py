@@ -125,10 +125,21 @@ def table_rows(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
                     )
                 )
             for s in sizes:
-                hit = next((r for r in mine if r["budget_bytes"] == s or r["budget"] is None), None)
-                row.append(_cell(hit, recs, True))
+                row.append(_cell(_at_bytes(mine, s), recs, True))
             rows.append(row)
     return header, rows
+
+
+def _at_bytes(mine: Sequence[dict[str, Any]], size: int) -> dict[str, Any] | None:
+    """The run of ``mine`` (one row) at a byte budget: one given that budget, else one given the
+    token budget those bytes buy (whole pages of the record's ``page_bytes``), else ``full``."""
+    hit = next((r for r in mine if r["budget_bytes"] == size or r["budget"] is None), None)
+    if hit is not None:
+        return hit
+    for r in mine:
+        if r.get("page_bytes") and r["budget"] == size // r["page_bytes"] * r["page_size"]:
+            return r
+    return None
 
 
 def _cell(hit: dict[str, Any] | None, records: Sequence[dict[str, Any]], by_bytes: bool) -> str:
