@@ -93,6 +93,9 @@ def test_dtype_axis_and_byte_budgets(tiny_gguf: Path, tmp_path: Path) -> None:
     assert code == 0, out
     sinks32 = next(line for line in out.splitlines() if "sinks" in line and "float32" in line)
     assert sinks32.count(f"{records[1]['perplexity']:.2f}") == 2 and "@ 32 tok" in sinks32
+    code, out = _invoke("report", str(out_json), "--markdown")
+    assert code == 0 and "| policy | KV dtype | budget 32 | budget 16 KiB |" in out
+    assert f"| sinks | float16 | {records[4]['perplexity']:.2f} (" in out
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -25,6 +25,9 @@ def eval_report(
         int | None, typer.Option(help="Budget of the running-NLL panel (default: the smallest).")
     ] = None,
     title: Annotated[str, typer.Option(help="Title of the PNG.")] = "",
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table as a Markdown pipe table.")
+    ] = False,
 ) -> None:
     """Table (and JSON / PNG) of records from earlier `eval ppl` runs, e.g. runs split over
     several processes; a later record of the same run (policy, position mode, budget, KV
@@ -48,7 +51,7 @@ def eval_report(
         records = list(merged.values())
         if not records:
             raise ValueError("no records in the given files")
-        print_table(records)
+        print_table(records, markdown)
         if json_out is not None:
             write_json(json_out, records)
         if plot is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def print_table(records: list[dict[str, Any]]) -> None:
-    """The (policy, KV dtype) x budget table (perplexity, ratio to full) on stdout."""
+def print_table(records: list[dict[str, Any]], markdown: bool = False) -> None:
+    """The (policy, KV dtype) x budget table (perplexity, ratio to full) on stdout, drawn by
+    rich or, with ``markdown``, as a Markdown pipe table."""
     from rich.console import Console
     from rich.table import Table
 
@@ -14,6 +15,10 @@ def print_table(records: list[dict[str, Any]]) -> None:
 
     tokens = sorted({r["tokens"] for r in records})
     header, rows = table_rows(records)
+    if markdown:
+        for line in (header, ["---"] * len(header), *rows):
+            print("| " + " | ".join(line) + " |")
+        return
     table = Table(
         title=f"perplexity over {', '.join(map(str, tokens))} tokens "
         "(ratio to full with float32 KV)"
