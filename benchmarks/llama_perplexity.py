@@ -25,8 +25,8 @@ import subprocess
 from pathlib import Path
 
 from pagedattn.bench.corpus import corpus_token_ids, default_corpus_file
-from pagedattn.config.cache_config import KV_CACHE_DTYPES
 from pagedattn.eval.chunks import run_chunked_perplexity
+from pagedattn.eval.kv_pools import KV_CACHE_DTYPES
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
 from pagedattn.model.registry import embedded_model_path

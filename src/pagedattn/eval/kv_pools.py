@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.config.cache_config import KV_CACHE_DTYPES
+from pagedattn.kernels.kv_dtype import POOL_DTYPES
+
+KV_CACHE_DTYPES = tuple(d.name for d in POOL_DTYPES)  # what the model's KV pool may hold
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -37,7 +39,10 @@ def make_pool(model: Any, num_pages: int, page_size: int, dtype: str) -> np.ndar
         ValueError: an unknown dtype.
     """
     check_kv_cache_dtype(dtype)
-    return np.zeros(model.kv_shape(num_pages, page_size), np.dtype(dtype))
+    if np.dtype(dtype).kind == "f":
+        return np.zeros(model.kv_shape(num_pages, page_size), np.dtype(dtype))
+    # a quantized pool's rows hold codes and scales: the model knows their width
+    return np.zeros(model.kv_shape(num_pages, page_size, dtype), np.dtype(dtype))
 
 
 def page_bytes(model: Any, page_size: int, dtype: str) -> int:
