@@ -75,7 +75,7 @@ def write_plot(
     ax1.legend(fontsize=7)
     tail: list[float] = []  # values past the first budget's worth of tokens set the y range
     for r in recs:
-        by_tokens = r["budget"] == curve_budget and r["budget_bytes"] is None
+        by_tokens = r["budget"] == curve_budget
         if r["method"] == "stream" and (by_tokens or r["policy"] == "full"):
             curve = r["running_mean_nll"]
             color = "black" if r["policy"] == "full" else colors[label(r)]

@@ -76,7 +76,7 @@ def _reference(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> dic
 
 def format_bytes(size: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale and size % (scale // 16) == 0:
+        if size % scale == 0:
             return f"{size / scale:g} {unit}"
     return f"{size} B"
 
@@ -85,7 +85,8 @@ def table_rows(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
     """Header and rows: one row per (policy, position mode, KV dtype), rows of one policy next to
     each other; one column per token budget, then one per byte budget. A cell is ``perplexity
     (ratio to full with float32 KV)``, a byte budget's cell adds the tokens it bought
-    (``@ 512 tok``); ``full`` (no eviction) gets one cell for every budget.
+    (``@ 512 tok``); a run fills its token budget's column whether it was given tokens or bytes;
+    ``full`` (no eviction) gets one cell for every budget.
 
     Args:
         records: :meth:`PerplexityResult.record` dicts.
@@ -110,20 +111,8 @@ def table_rows(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
                 continue
             row = [name, dtype]
             for b in budgets:
-                row.append(
-                    _cell(
-                        next(
-                            (
-                                r
-                                for r in mine
-                                if r["budget"] in (b, None) and r["budget_bytes"] is None
-                            ),
-                            None,
-                        ),
-                        recs,
-                        False,
-                    )
-                )
+                hit = next((r for r in mine if r["budget"] in (b, None)), None)
+                row.append(_cell(hit, recs, False))
             for s in sizes:
                 row.append(_cell(_at_bytes(mine, s), recs, True))
             rows.append(row)
