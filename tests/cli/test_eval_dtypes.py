@@ -154,3 +154,32 @@ def test_activations_int8_is_recorded(tiny_gguf: Path, tmp_path: Path) -> None:
     assert record["activations"] == "int8" and "activations int8" in out
     # int8 activations meet block-quantized weights only; the tiny GGUF's are float32
     assert abs(record["perplexity"] - exact) <= 1e-3 * exact
+
+
+def test_int8_pool_at_equal_bytes(tiny_gguf: Path, tmp_path: Path) -> None:
+    from pagedattn.eval.kv_pools import KV_CACHE_DTYPES
+
+    if "int8" not in KV_CACHE_DTYPES:
+        pytest.skip("this build's KV pool holds no int8 pages")
+    text = tmp_path / "novel.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out_json = tmp_path / "int8.json"
+    # An int8 row is head_dim codes + a 4-byte scale: 2 x 2 x 2 x 8 x (16 + 4) = 1280 bytes per
+    # page, so 8 KiB buy 8192 // 1280 = 6 pages (48 tokens) against float32's 2 (16 tokens)
+    code, out = _invoke(
+        "ppl", "--model", str(tiny_gguf), "--text", str(text), "--tokens", "80",
+        "--page-size", str(PAGE), "--policy", "full,window", "--budget-bytes", "8KiB",
+        "--kv-cache-dtype", "int8,float32", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, out
+    records = json.loads(out_json.read_text())
+    assert [(r["kv_cache_dtype"], r["budget"], r["page_bytes"]) for r in records] == [
+        ("int8", None, 1280),
+        ("int8", 48, 1280),
+        ("float32", None, 4 * PAGE_ELEMENTS),
+        ("float32", 16, 4 * PAGE_ELEMENTS),
+    ]
+    ids = load_model(tiny_gguf).tokenizer.encode(TEXT, add_special_tokens=False)[:80]
+    expected = math.exp(float(_prefill_nll(tiny_gguf, ids).mean()))
+    full8 = records[0]["perplexity"]
+    assert abs(full8 - expected) <= 2e-2 * expected and full8 != records[2]["perplexity"]
