@@ -62,7 +62,8 @@ def eval_ppl(
         str,
         typer.Option(
             "--kv-cache-dtype",
-            help="Comma-separated storage dtypes of the KV pool: float32, float16.",
+            help="Comma-separated storage dtypes of the KV pool: float32, float16, int8 (the "
+            "pool dtypes the kernels hold; an unknown one is an error listing them).",
         ),
     ] = "float32",
     activations: ActivationsOption = "float32",
