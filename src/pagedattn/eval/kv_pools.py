@@ -39,9 +39,7 @@ def make_pool(model: Any, num_pages: int, page_size: int, dtype: str) -> np.ndar
         ValueError: an unknown dtype.
     """
     check_kv_cache_dtype(dtype)
-    if np.dtype(dtype).kind == "f":
-        return np.zeros(model.kv_shape(num_pages, page_size), np.dtype(dtype))
-    # a quantized pool's rows hold codes and scales: the model knows their width
+    # an int8 pool's rows hold codes and a scale: the model knows their width
     return np.zeros(model.kv_shape(num_pages, page_size, dtype), np.dtype(dtype))
 
 
