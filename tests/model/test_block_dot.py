@@ -8,7 +8,7 @@ from gguf.quants import quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedattn.model import block_dot
+from pagedattn.model import block_dot, block_tiles
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 
 
@@ -37,11 +37,11 @@ def test_register_and_scratch_kernels_agree_bitwise(
     from_scratch = np.full((rows, out), np.nan, np.float32)
     b, k = block.blocks, block.kind
     block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), 1, in_registers)
-    block_dot.qmatmul_tiled(*args, from_scratch)
+    block_tiles.qmatmul_tiled(*args, from_scratch)
     np.testing.assert_array_equal(in_registers, from_scratch)
     # the float32 kernel, fed gguf's own dequantized weights, does the same operations
     dense = np.full((rows, out), np.nan, np.float32)
-    block_dot.matmul_float(x, block.dequantize(), dense)
+    block_tiles.matmul_float(x, block.dequantize(), dense)
     np.testing.assert_array_equal(dense, in_registers)
 
 

@@ -10,7 +10,7 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedattn.model import block_dot
+from pagedattn.model import block_tiles
 from pagedattn.model.quantized import dequantize_rows, from_gguf_blocks, qmatmul
 from tests.model.random_blocks import LAYOUTS, NEW_TYPES, random_blocks
 
@@ -58,7 +58,7 @@ def test_qmatmul_equals_float64_and_is_batch_invariant(
         np.testing.assert_array_equal(pair[0], got[t])
     # the float32 kernel, fed gguf's own dequantized weights, does the same operations
     same = np.full(got.shape, np.nan, np.float32)
-    block_dot.matmul_float(x, dense.astype(np.float32), same)
+    block_tiles.matmul_float(x, dense.astype(np.float32), same)
     np.testing.assert_array_equal(same, got)
 
 

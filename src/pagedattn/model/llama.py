@@ -13,7 +13,6 @@ No global state: everything a call needs is the ForwardBatch and the KV pool it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +27,7 @@ from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.block_dot import DECODE_COLS
 from pagedattn.model.decode_layer import decode_layer
 from pagedattn.model.forward_batch import ForwardBatch
+from pagedattn.model.layer_weights import LayerWeights
 from pagedattn.model.quantized import (
     BlockQuantized,
     Matrix,
@@ -48,35 +48,6 @@ if TYPE_CHECKING:
 # once per DECODE_COLS rows (at most twice here): bitwise the general path's results, without
 # its per-operation calls.
 FUSED_MAX_ROWS = 2 * DECODE_COLS
-
-
-@dataclass(frozen=True)
-class _Layer:
-    """One decoder layer's weights: norms in float32, every linear (out, in) in its stored form
-    (GGUF blocks, or float32 for float checkpoints), never copied or dequantized."""
-
-    attn_norm: np.ndarray  # (H,)
-    qkv: tuple[Matrix, Matrix, Matrix]  # q (nh * D, H), k (nkv * D, H), v (nkv * D, H)
-    o: Matrix  # (H, nh * D)
-    mlp_norm: np.ndarray  # (H,)
-    gate_up: tuple[Matrix, Matrix]  # gate (I, H), up (I, H)
-    down: Matrix  # (H, I)
-
-    def fused_args(self) -> tuple[object, ...] | None:
-        """The weights as :func:`~pagedattn.model.decode_layer.decode_layer` takes them after
-        ``x`` and ``eps`` (norms, block rows and kinds), or None when a projection is not
-        block-quantized."""
-        q, k, v = self.qkv
-        gate, up = self.gate_up
-        mats = (q, k, v, self.o, gate, up, self.down)
-        if not all(isinstance(m, BlockQuantized) for m in mats):
-            return None
-        bq, bk, bv, bo, bg, bu, bd = (m for m in mats if isinstance(m, BlockQuantized))
-        return (
-            self.attn_norm, self.mlp_norm, bq.blocks, bk.blocks, bv.blocks,
-            (bq.kind, bk.kind, bv.kind), bo.blocks, bo.kind, bg.blocks, bu.blocks,
-            (bg.kind, bu.kind), bd.blocks, bd.kind,
-        )  # fmt: skip
 
 
 class LlamaModel:
@@ -153,23 +124,10 @@ class LlamaModel:
             self.embed if config.tie_word_embeddings else matrix("lm_head.weight")
         )  # (V, H)
         self.final_norm = f32("model.norm.weight")  # (H,)
-        self.layers: list[_Layer] = []
-        for i in range(config.num_layers):
-            p = f"model.layers.{i}."
-            self.layers.append(
-                _Layer(
-                    attn_norm=f32(p + "input_layernorm.weight"),
-                    qkv=(
-                        matrix(p + "self_attn.q_proj.weight"),
-                        matrix(p + "self_attn.k_proj.weight"),
-                        matrix(p + "self_attn.v_proj.weight"),
-                    ),
-                    o=matrix(p + "self_attn.o_proj.weight"),
-                    mlp_norm=f32(p + "post_attention_layernorm.weight"),
-                    gate_up=(matrix(p + "mlp.gate_proj.weight"), matrix(p + "mlp.up_proj.weight")),
-                    down=matrix(p + "mlp.down_proj.weight"),
-                )
-            )
+        self.layers = [
+            LayerWeights.from_stored(f"model.layers.{i}.", matrix, f32)
+            for i in range(config.num_layers)
+        ]
         fused = [layer.fused_args() for layer in self.layers]
         self._fused: list[tuple[object, ...]] | None = None
         int8_ready = activations != "int8" or all(

@@ -26,8 +26,9 @@ import numba
 import numpy as np
 
 from pagedattn.config import ACTIVATIONS
-from pagedattn.model.block_dot import decode_into, matmul_float, qmatmul_blocks, qmatmul_tiled
+from pagedattn.model.block_dot import qmatmul_blocks
 from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES
+from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per activation block of the int8 path
