@@ -22,6 +22,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -97,8 +98,17 @@ async def one_request(
 
 
 async def run_setting(
-    url: str, model: str | None, rate: float, concurrency: int, n: int, max_tokens: int, seed: int
+    url: str,
+    model: str | None,
+    rate: float,
+    concurrency: int,
+    n: int,
+    max_tokens: int,
+    seed: int,
+    questions: Sequence[str] = QUESTIONS,
 ) -> tuple[list[Result], float]:
+    """Send ``n`` requests (the ``questions`` in turn) at ``rate`` with ``concurrency`` in flight;
+    return the results and the wall time."""
     rng = random.Random(seed)
     limit = asyncio.Semaphore(concurrency)
     timeout = httpx.Timeout(600.0)
@@ -111,7 +121,7 @@ async def run_setting(
         tasks = []
         start = time.perf_counter()
         for i in range(n):
-            tasks.append(asyncio.create_task(guarded(QUESTIONS[i % len(QUESTIONS)])))
+            tasks.append(asyncio.create_task(guarded(questions[i % len(questions)])))
             if math.isfinite(rate):
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
