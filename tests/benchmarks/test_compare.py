@@ -31,7 +31,8 @@ def test_compare_generate_without_peers_says_each_is_not_measured(
     assert json.loads(out.read_text())["ours"]["generated"] == 3
     assert "llama.cpp: not measured" in result.stdout
     rows = [x for x in result.stdout.splitlines() if " vs " in x and "not measured:" in x]
-    assert len(rows) == 4  # every comparison of the generate run, none with a number
+    # decode (and its stretch goal) vs llama.cpp, prefill vs HF and vs llama.cpp, RSS minus KV
+    assert len(rows) == 5  # every comparison of the generate run, none with a number
     assert "issue" not in result.stdout.lower()
 
 
