@@ -85,10 +85,10 @@ def test_fused_decode_equals_the_step_by_step_forward(
         model.forward(prefill, kv[name])
     assert not calls  # a prefill step takes the general path
     # one row per sequence; then a sequence's verify rows (one row per position, as
-    # speculative decoding lays them out): 9 rows (two register groups with AVX-512; 8, the
-    # most the fused path takes, otherwise), then 3
+    # speculative decoding lays them out) beside another sequence's row: 9 rows (two register
+    # groups with 32 registers), or FUSED_MAX_ROWS, the most the fused path takes; then 3
     wide = min(9, llama.FUSED_MAX_ROWS)
-    steps = [(0, 1), (1,), (0, 1), (0,), (0,) * 5 + (1,) * (wide - 5), (1, 1, 1)]
+    steps = [(0, 1), (1,), (0, 1), (0,), (0,) * (wide - 1) + (1,), (1, 1, 1)]
     for step, seqs in enumerate(steps):
         rows = []
         for i, s in enumerate(seqs):

@@ -23,6 +23,7 @@ from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache, logical_shape,
 from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import plan_slots, write_kv_planned
 from pagedattn.kernels.rope import apply_rope_cos_sin, rope_cos_sin
+from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.attention_split import AttentionSplit
 from pagedattn.model.block_dot import DECODE_COLS
 from pagedattn.model.decode_layer import decode_layer
@@ -45,9 +46,10 @@ if TYPE_CHECKING:
 
 # Up to this many decode rows (sequences, or one sequence's verify rows), a step runs each layer
 # as one compiled call (decode_layer), its projections decoding each weight block in registers
-# once per DECODE_COLS rows (at most twice here): bitwise the general path's results, without
-# its per-operation calls.
-FUSED_MAX_ROWS = 2 * DECODE_COLS
+# once per DECODE_COLS rows (at most twice with 32 registers; once with 16, where a second
+# register pass costs more than the general path's decoded scratch): bitwise the general
+# path's results, without its per-operation calls.
+FUSED_MAX_ROWS = (2 if has_wide_registers() else 1) * DECODE_COLS
 
 
 class LlamaModel:

@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from pagedattn.config import ACTIVATIONS
-from pagedattn.model.block_dot import qmatmul_blocks
+from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
 from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES
 from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
@@ -37,7 +37,9 @@ BLOCK_SHAPES = {name: SHAPES[kind] for name, kind in KINDS.items()}
 SUPPORTED = tuple(BLOCK_SHAPES)
 ROWS_PER_TASK = 16  # output rows one thread applies to every input row (float weights)
 ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
-DECODE_MAX_ROWS = 8  # up to this many rows, decode each block once in registers for all rows
+# Up to this many rows, decode each block once in registers for all rows; past one register
+# group the decoded scratch (qmatmul_tiled) is faster.
+DECODE_MAX_ROWS = DECODE_COLS
 
 
 @dataclass(frozen=True)
