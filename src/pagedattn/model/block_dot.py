@@ -52,9 +52,9 @@ from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
 # Most activation rows that meet each decoded block (decode kernel), and how many output rows a
-# tile of ``cols`` rows decodes side by side: what keeps its accumulators in registers (32 zmm
-# with AVX-512, 16 ymm holding 8 16-lane vectors otherwise). Speed only: every tile computes
-# each output with the same operations.
+# tile of ``cols`` rows decodes side by side (decode_tile_rows): sized by the vector registers
+# (32 zmm with AVX-512, 16 ymm holding 8 16-lane vectors otherwise) and, with 16, by
+# measurement. Speed only: every tile computes each output with the same operations.
 DECODE_COLS = 8 if has_wide_registers() else 4
 
 
