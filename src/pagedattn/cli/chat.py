@@ -161,10 +161,10 @@ def chat(
         params = sampling.sampling_params()
         engine = engine_options.build_engine()
         conversation = Conversation(engine.tokenizer, system)
-        first_ids, _ = conversation.prompt_for("")  # fail now if the model has no template
+        conversation.prompt_for("")  # fail now if the model has no template
         if session is not None:
             _resume(engine, conversation, session)
-        warmup_s = warm_up(engine, first_ids[0]) if stats and first_ids else None
+        warmup_s = warm_up(engine) if stats else None
         print(HELP_TEXT, file=sys.stderr, flush=True)
         try:
             while True:

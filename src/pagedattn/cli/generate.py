@@ -58,7 +58,7 @@ def generate(
 
         from pagedattn.cli.stream import format_stats, stream_request, warm_up
 
-        warmup_s = warm_up(engine, ids[0]) if stats and ids else None
+        warmup_s = warm_up(engine) if stats else None
         try:
             result = stream_request(engine, ids, params, _write)
         finally:

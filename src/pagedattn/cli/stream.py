@@ -85,29 +85,16 @@ class StreamResult:
         return (len(self.token_ids) - 1) / self.decode_s
 
 
-def warm_up(engine: LLMEngine, token_id: int) -> float:
-    """Run a throwaway request (a three-token prompt, two greedy tokens: one prefill step
-    through the multi-row kernels and one decode step through the fused decode layers) so that
-    the first real request's timings do not include the one-time Numba kernel compilation or
-    cache load.
-
-    The prompt is shorter than a page (one token with pages of two or fewer), so nothing enters
-    the prefix cache; the request is seeded, so the engine's random generator is not advanced.
+def warm_up(engine: LLMEngine) -> float:
+    """Compile or load every kernel the request will run, before it (so that its timings do
+    not include that one-time work): :func:`pagedattn.engine.warm_up.warm_up`.
 
     Returns:
         The warm-up's wall time in seconds.
     """
-    import time
+    from pagedattn.engine.warm_up import warm_up as engine_warm_up
 
-    from pagedattn.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
-    start = time.perf_counter()
-    prompt_len = max(1, min(3, engine.config.cache.page_size - 1))  # never a full page
-    engine.add_request([int(token_id)] * prompt_len, params)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return time.perf_counter() - start
+    return engine_warm_up(engine)
 
 
 def stream_request(

@@ -188,7 +188,9 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     **engine_options: Any,
 ) -> FastAPI:
-    """Load a model and build its app (what ``pagedattn serve`` runs).
+    """Load a model, compile or load the kernels its requests run
+    (:func:`pagedattn.engine.warm_up.warm_up`), and build its app (what ``pagedattn serve``
+    runs: it answers ``/health`` and ``/v1/models`` once this returned).
 
     Args:
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
@@ -200,12 +202,17 @@ def build_app(
 
     Raises:
         FileNotFoundError, ValueError: from the loader or the engine configuration.
+        pagedattn.engine.warm_up.WarmUpError: the engine cannot run a request.
     """
     from pathlib import Path
 
     from pagedattn.engine.llm import engine_config
 
     engine = LLMEngine.from_config(engine_config(model, **engine_options))
+    # compile or load every kernel a request runs before the server answers anything
+    from pagedattn.engine.warm_up import warm_up
+
+    warm_up(engine)
     if not served_model_name:
         served_model_name = (
             "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
