@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pagedattn.bench.worker import resident_mib
 from pagedattn.cache import PagePool
 
 
@@ -75,3 +76,19 @@ def test_an_int8_pool_keeps_codes_and_scales_in_one_page() -> None:
         pool.write_page(0, page[..., :8].copy())
     with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
         PagePool(1, 1, 1, 4, 6, dtype=np.int8)
+
+
+@pytest.mark.skipif(resident_mib(np.zeros(1)) is None, reason="needs Linux's /proc/self/pagemap")
+def test_a_page_costs_memory_only_once_written() -> None:
+    # SmolLM2-135M's pool at the default 256 MiB budget: 30 layers, 3 KV heads, head_dim 64
+    pool = PagePool(num_layers=30, num_pages=364, num_kv_heads=3, page_size=16, head_dim=64)
+    assert pool.nbytes == 30 * 2 * 364 * 3 * 16 * 64 * 4  # 256 MiB reserved
+    assert resident_mib(pool.kv) == 0.0
+    for page in (0, 1, 2):  # three pages written in every layer, as a short prompt does
+        pool.write_page(page, np.ones((30, 2, 3, 16, 64), np.float32))
+    # each (layer, K or V) holds a page in 3 * 16 * 64 * 4 bytes = 12 KiB (three 4 KiB pages):
+    # 30 * 2 * 3 pages of 12 KiB = 2.11 MiB resident, not the pool (nor a 2 MiB huge page each)
+    assert resident_mib(pool.kv) == pytest.approx(30 * 2 * 3 * 12 / 1024)
+    np.testing.assert_array_equal(pool.read_page(1), np.ones((30, 2, 3, 16, 64), np.float32))
+    assert not pool.kv[:, :, 3:].any()  # the rest reads as zeros
+    assert pool.kv.flags.c_contiguous and pool.kv.flags.writeable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,24 @@ from pagedattn.kernels.kv_dtype import pool_row_width
 from pagedattn.kernels.kv_int8 import INT8
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed, writable, C-contiguous array whose memory becomes resident page by page as it
+    is written: an anonymous mapping the kernel fills with zeros on first touch, in 4 KiB pages.
+
+    ``np.zeros`` is lazy as well, but NumPy advises transparent huge pages for large arrays, so
+    the first write into each 2 MiB of the pool would make all of it resident (a short prompt
+    would cost each layer's K and V a huge page); here the mapping asks for small pages.
+    """
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)  # Linux only
+    if advice is not None:
+        buffer.madvise(advice)
+    return np.frombuffer(buffer, dtype).reshape(shape)  # the array keeps the mapping alive
+
+
 class PagePool:
     """One KV array ``(num_layers, 2, num_pages, num_kv_heads, page_size, head_dim)``.
 
@@ -20,7 +39,9 @@ class PagePool:
     (https://docs.flashinfer.ai/tutorials/kv_layout.html). A token's KV lives at
     ``slot = page_id * page_size + offset``. An int8 pool's rows are ``head_dim + 4`` wide
     (``row_width``): the codes, then the row's float32 scale (:mod:`pagedattn.kernels.kv_int8`),
-    so a page, its copy and its stored record hold codes and scales together.
+    so a page, its copy and its stored record hold codes and scales together. On NumPy the
+    array's memory is reserved, not resident: a page costs memory once it is written
+    (:func:`lazy_zeros`), so a short prompt costs its own pages, not the pool's budget.
 
     Args:
         num_layers, num_pages, num_kv_heads, page_size, head_dim: positive ints.
@@ -73,7 +94,7 @@ class PagePool:
         shape = (num_layers, 2, num_pages, num_kv_heads, page_size, self.row_width)
         xp = array_module(self.backend)
         if self.backend.name == "numpy":
-            self.kv: Any = np.zeros(shape, self.dtype)
+            self.kv: Any = lazy_zeros(shape, self.dtype)  # resident once written
         elif self.backend.name == "torch":
             self.kv = xp.zeros(
                 shape, dtype=getattr(xp, self.dtype.name), device=self.backend.device
