@@ -1,12 +1,14 @@
 # Two commands on a fresh machine:
 #   make run    set up .venv and generate real text with the embedded SmolLM2 model
 #   make test   set up .venv and run every test (lint, types, unit, model-vs-HF)
+# While iterating, `make test-fast` skips the tests marked slow (kernels compiled for other CPUs
+# or into an empty cache: minutes of CPU each when their cache is cold).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: run test lint setup setup-test redis warm clean
+.PHONY: run test test-fast lint setup setup-test redis warm prepare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +47,23 @@ redis:
 # waits on servers, subprocesses and Redis overlap with the other worker's compute.
 PYTEST_WORKERS ?= 2
 
-# Compile the kernels once, before the workers start (Numba caches them on disk), so that no
+# Compile the kernels once, before the workers start (Numba caches them on disk; --stats runs
+# the warm-up, which compiles every kernel a first request runs), so that no
 # test's first request waits on a compile and the two workers never compile the same kernel.
 warm: $(VENV)/.setup-run
-	$(BIN)/pagedattn generate "Hi" --max-tokens 4 > /dev/null
+	$(BIN)/pagedattn generate "Hi" --max-tokens 4 --stats > /dev/null
 
-test: lint redis warm
+# Lint runs on one core while the kernels compile on the other.
+prepare:
+	$(MAKE) --no-print-directory -j3 lint redis warm
+
+# The compiles for other CPUs keep their Numba cache outside the checkout, one folder per
+# compiler version (tests/kernel_cache_dirs.py): a later run, or a clean clone, reuses it.
+test: prepare
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+
+test-fast: prepare
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

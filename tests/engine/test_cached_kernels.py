@@ -34,6 +34,7 @@ def _run_worker(cache_dir: Path, out: Path) -> dict:
 
 
 @pytest.mark.model
+@pytest.mark.slow  # compiles every kernel into an empty cache
 def test_greedy_logprobs_are_bitwise_equal_compiled_and_loaded_from_the_cache(
     tmp_path: Path,
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from pagedattn.kernels.target import has_avx2, has_avx512bw, has_vnni_256
+from tests.kernel_cache_dirs import kernel_cache_dir
 from tests.model import int8_path_probe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,15 +139,15 @@ CPUS = {
 }
 
 
+@pytest.mark.slow  # compiles the int8 kernels for each CPU (when not cached)
 @pytest.mark.parametrize("cpu", CPUS)
 def test_each_path_has_the_host_bits(
-    cpu: str, host_values: dict[str, np.ndarray], request: pytest.FixtureRequest, tmp_path: Path
+    cpu: str, host_values: dict[str, np.ndarray], tmp_path: Path
 ) -> None:
     path, runs_here = CPUS[cpu]
     if not runs_here:
         pytest.skip(f"this host cannot run code compiled for {cpu}")
-    cache = request.config.cache
-    cache_dir = cache.mkdir("numba-int8-paths") if cache is not None else tmp_path / "numba"
+    cache_dir = kernel_cache_dir("int8-paths")
     env = {
         **os.environ,
         "NUMBA_CPU_NAME": cpu,

