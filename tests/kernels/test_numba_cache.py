@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pagedattn.kernels import numba_cache
 
+SRC = Path(__file__).resolve().parents[2] / "src"
+
 CALLER = """
 import numba
 from pkg.kernels.callee import g
@@ -45,8 +47,10 @@ def _package(tmp_path: Path, value: int, step: int) -> None:
     (kernels / "consts.py").write_text(f"STEP = {step}\n")
 
 
-def _run(tmp_path: Path) -> tuple[int, int, int]:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+def _run(tmp_path: Path, cache: Path | None = None) -> tuple[int, int, int]:
+    cache = tmp_path / "cache" if cache is None else cache
+    path = os.pathsep.join([str(tmp_path), str(SRC)])  # this checkout's pagedattn
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", RUN, str(tmp_path)], env=env, capture_output=True, text=True
     )
@@ -66,6 +70,20 @@ def test_an_edit_of_a_callee_or_a_constant_recompiles_its_cached_caller(tmp_path
     _package(tmp_path, value=5, step=3)  # a constant the callee reads
     assert _run(tmp_path)[0] == 16
     assert _run(tmp_path) == (16, 1, 0)  # and the new code is cached in turn
+
+
+def test_a_cache_directory_serves_every_checkout_of_the_same_sources(tmp_path: Path) -> None:
+    """Inside NUMBA_CACHE_DIR a kernel's folder is named by its package path, not by a hash
+    of the checkout's absolute path: a second checkout (a clean clone elsewhere) loads what
+    the first compiled, and one with other sources compiles its own."""
+    cache = tmp_path / "cache"
+    for name in ("first", "second"):
+        _package(tmp_path / name, value=1, step=1)
+    assert _run(tmp_path / "first", cache) == (2, 0, 2)
+    assert _run(tmp_path / "second", cache) == (2, 1, 0)
+    assert "pkg-kernels" in {p.name for p in cache.iterdir()}
+    _package(tmp_path / "second", value=5, step=1)
+    assert _run(tmp_path / "second", cache)[0] == 6
 
 
 def test_the_stamp_covers_what_the_kernel_imports_and_not_other_files(tmp_path: Path) -> None:

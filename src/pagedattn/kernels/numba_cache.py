@@ -13,7 +13,10 @@ in a module, lazy ones inside functions included). A kernel can only call, inlin
 its module reaches through imports, so an edit of any of those recompiles it, and an edit of
 a file none of them imports (a tokenizer, the server) recompiles nothing. Files outside the
 package keep Numba's own stamp. Where a kernel's cache files go (``__pycache__`` beside the
-source, ``NUMBA_CACHE_DIR``, the user-wide directory) is Numba's choice, as before.
+source, ``NUMBA_CACHE_DIR``, the user-wide directory) is Numba's choice, as before; inside a
+cache directory their folder is named by the package path (``pagedattn-model``), not by a hash
+of the checkout's absolute path, so one cache directory serves every checkout of the same
+sources (the stamp keeps other sources' entries out).
 
 This module and :mod:`pagedattn.kernels.gomp` use Numba internals (its cache locators, its
 thread-pool launch), so importing it first checks that Numba and llvmlite are versions these
@@ -38,14 +41,30 @@ from numba.core import caching  # noqa: E402  (after the version check)
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # src/pagedattn
 
 
-def _imported_modules(tree: ast.AST, module: str) -> set[str]:
+def _import_statements(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, nested ones included (in functions, classes,
+    ``if`` / ``try`` / ``with`` / loop / ``match`` bodies): imports are statements, so only
+    statement bodies are visited, never expressions."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo.extend(getattr(node, field, None) or ())
+    return found
+
+
+def _imported_modules(tree: ast.Module, module: str) -> set[str]:
     """Dotted names ``tree`` (the source of module ``module``) imports, with every
     ``from a import b`` as both ``a`` and ``a.b`` (``b`` may be a module or a name)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _import_statements(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             base = node.module or ""
             if node.level:  # relative: from the importing module's package upwards
                 package = module.split(".")[: -node.level]
@@ -73,6 +92,15 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 @functools.cache
+def _direct_sources(path: Path, root: Path, version: tuple[int, int]) -> frozenset[Path]:
+    """The files of package ``root`` that ``path`` imports itself (each version of a file,
+    its modification time and size, parsed once)."""
+    tree = ast.parse(path.read_bytes(), str(path))
+    found = (_module_file(n, root) for n in _imported_modules(tree, _module_name(path, root)))
+    return frozenset(f for f in found if f is not None)
+
+
+@functools.cache
 def compiled_sources(path: Path, root: Path = PACKAGE_ROOT) -> tuple[Path, ...]:
     """``path`` and every file of package ``root`` it imports, directly or through the files
     it imports (sorted): what a kernel defined in ``path`` may be compiled together with."""
@@ -80,12 +108,10 @@ def compiled_sources(path: Path, root: Path = PACKAGE_ROOT) -> tuple[Path, ...]:
     todo = [path]
     while todo:
         current = todo.pop()
-        tree = ast.parse(current.read_bytes(), str(current))
-        for name in _imported_modules(tree, _module_name(current, root)):
-            found = _module_file(name, root)
-            if found is not None and found not in seen:
-                seen.add(found)
-                todo.append(found)
+        stat = current.stat()
+        for found in _direct_sources(current, root, (stat.st_mtime_ns, stat.st_size)) - seen:
+            seen.add(found)
+            todo.append(found)
     return tuple(sorted(seen))
 
 
@@ -106,14 +132,38 @@ def source_stamp(py_file: str, root: Path = PACKAGE_ROOT) -> str | None:
     return digest.hexdigest()
 
 
+def cache_subpath(py_file: str, root: Path = PACKAGE_ROOT) -> str | None:
+    """The folder, inside a cache directory, of the kernels of ``py_file`` under ``root``:
+    its folder relative to ``root``'s parent (``pagedattn-model``), the same in every checkout
+    or install of the package, or None for a file outside ``root`` (Numba's own subpath, a
+    hash of the absolute folder)."""
+    path = Path(py_file).resolve()
+    if not path.is_relative_to(root):
+        return None
+    return "-".join(path.parent.relative_to(root.parent).parts)
+
+
 def _stamped(locator: type[Any], root: Path) -> type[Any]:
-    """``locator`` whose source stamp is :func:`source_stamp` for files under ``root``."""
+    """``locator`` whose source stamp is :func:`source_stamp` and whose folder inside a cache
+    directory (``NUMBA_CACHE_DIR``, the user-wide one) is :func:`cache_subpath` for files under
+    ``root``: entries are found by what they were compiled from, wherever the checkout is."""
 
     def get_source_stamp(self: Any) -> Any:
         stamp = source_stamp(self._py_file, root)
         return locator.get_source_stamp(self) if stamp is None else stamp
 
-    return type(f"Stamped{locator.__name__}", (locator,), {"get_source_stamp": get_source_stamp})
+    def get_suitable_cache_subpath(cls: Any, py_file: str) -> str:
+        subpath = cache_subpath(py_file, root)
+        return locator.get_suitable_cache_subpath(py_file) if subpath is None else subpath
+
+    return type(
+        f"Stamped{locator.__name__}",
+        (locator,),
+        {
+            "get_source_stamp": get_source_stamp,
+            "get_suitable_cache_subpath": classmethod(get_suitable_cache_subpath),
+        },
+    )
 
 
 def install(root: Path = PACKAGE_ROOT) -> None:

@@ -48,7 +48,7 @@ class BlockQuantized:
 
     Attributes:
         blocks: (out_features, blocks per row * bytes per block) uint8 rows exactly as in the
-            file (a read-only view of the memory-mapped GGUF where rows keep their order).
+            file (a view of the memory-mapped GGUF where rows keep their order), read-only.
         type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
 
     The kernels read each block's scales from these bytes: nothing else is held per matrix.
@@ -56,6 +56,15 @@ class BlockQuantized:
 
     blocks: np.ndarray
     type_name: str
+
+    def __post_init__(self) -> None:
+        # Read-only, as a view of the memory-mapped file is: the read-only flag is part of a
+        # kernel's signature, so rows copied at load (take_rows) would compile every block
+        # kernel a second time.
+        if self.blocks.flags.writeable:
+            view = self.blocks.view()
+            view.flags.writeable = False
+            object.__setattr__(self, "blocks", view)
 
     @property
     def shape(self) -> tuple[int, int]:
