@@ -133,21 +133,16 @@ def build_engine(model: str | None = None, **options: Any) -> LLMEngine:
 
 COMPILE_NOTICE = (
     "compiling the kernels: the first run after an install or an edit of kernels/ or model/ "
-    "takes a few minutes (about 3 on 2 cores); later runs load them from Numba's cache"
+    "takes a minute or two (on 2 cores, a second process compiles the decode layer); later runs "
+    "load them from Numba's cache"
 )
 
 
 def kernels_cached() -> bool:
-    """False when Numba's cache lacks the fused decode layer for today's sources (no index
-    file, or one stamped for other sources: see :mod:`pagedattn.kernels.numba_cache`), i.e. the
-    first request will compile every kernel; True when it is there, or when Numba's private
-    cache API (``_cache._cache_file._load_index``) is not as expected."""
-    from pagedattn.model.decode_layer import decode_layer
+    """See :func:`pagedattn.engine.compile_helper.kernels_cached`."""
+    from pagedattn.engine.compile_helper import kernels_cached as cached
 
-    try:
-        return bool(decode_layer._cache._cache_file._load_index())  # type: ignore[attr-defined]
-    except Exception:  # a private API: unknown means "say nothing"
-        return True
+    return cached()
 
 
 def window_or_none(sliding_window: int) -> int | None:

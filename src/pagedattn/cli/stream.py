@@ -94,7 +94,7 @@ def warm_up(engine: LLMEngine) -> float:
     """
     from pagedattn.engine.warm_up import warm_up as engine_warm_up
 
-    return engine_warm_up(engine)
+    return engine_warm_up(engine, compile_in_parallel=True)  # built from its config
 
 
 def stream_request(

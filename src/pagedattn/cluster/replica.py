@@ -66,7 +66,7 @@ class EngineReplica:
         self.engine = LLMEngine.from_config(engine_config(model, **engine_options))
         from pagedattn.engine.warm_up import warm_up  # the kernels, before the replica is ready
 
-        warm_up(self.engine)
+        warm_up(self.engine, compile_in_parallel=True)
         self.metrics = ServerMetrics(lambda: self.loop.stats, model_name)
         self.metrics.instrument(self.engine)
         self.loop = AsyncEngine(self.engine, self.metrics, stall_timeout_s=health_stall_s)

@@ -27,6 +27,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from pagedattn.engine import compile_helper
 from pagedattn.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -49,9 +50,12 @@ def _token_ids(engine: LLMEngine, count: int, period: int) -> list[int]:
     return [first + i % period for i in range(count)]
 
 
-def warm_up(engine: LLMEngine) -> float:
+def warm_up(engine: LLMEngine, *, compile_in_parallel: bool = False) -> float:
     """Run the throwaway requests of the module docstring on ``engine`` (idle: it must have no
-    unfinished request) and return their wall time in seconds.
+    unfinished request) and return their wall time in seconds. With ``compile_in_parallel``
+    and a cold kernel cache, a second process compiles the fused decode layer meanwhile
+    (:mod:`pagedattn.engine.compile_helper`: it loads ``engine.config``'s model, so only for
+    an engine built from its config).
 
     Raises:
         ValueError: the engine has unfinished requests.
@@ -61,6 +65,22 @@ def warm_up(engine: LLMEngine) -> float:
     if engine.has_unfinished_requests():
         raise ValueError("warm_up: expected an idle engine, it has unfinished requests")
     start = time.perf_counter()
+    helper = compile_helper.start(engine) if compile_in_parallel else None
+    try:
+        _run_requests(engine)
+    finally:
+        if helper is not None:
+            compile_helper.stop(helper)
+    _reset_counters(engine.scheduler.stats)  # the user's requests are the first counted
+    return time.perf_counter() - start
+
+
+def _run_requests(engine: LLMEngine) -> None:
+    """The requests of the module docstring, to the end.
+
+    Raises:
+        WarmUpError: one failed.
+    """
     limit = engine.scheduler.max_model_len or LONG_PROMPT + NEW_TOKENS  # None: unbounded
     new = max(1, min(NEW_TOKENS, limit - 1))
     long_len = max(1, min(LONG_PROMPT, limit - new))
@@ -82,8 +102,6 @@ def warm_up(engine: LLMEngine) -> float:
                 added_short = True
     if failures:
         raise WarmUpError(f"warm-up request failed: {failures[0]}")
-    _reset_counters(engine.scheduler.stats)  # the user's requests are the first counted
-    return time.perf_counter() - start
 
 
 def _reset_counters(stats: Any) -> None:

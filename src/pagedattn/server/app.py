@@ -212,7 +212,7 @@ def build_app(
     # compile or load every kernel a request runs before the server answers anything
     from pagedattn.engine.warm_up import warm_up
 
-    warm_up(engine)
+    warm_up(engine, compile_in_parallel=True)
     if not served_model_name:
         served_model_name = (
             "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
