@@ -115,6 +115,7 @@ def create_app(
         raise ValueError(f"max_request_bytes: expected >= 1, got {max_request_bytes}")
     app = FastAPI(title="pagedattn", version=package_version(), lifespan=lifespan)
     app.state.async_engine = async_engine
+    app.state.serving = serving
     app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     install_error_handlers(app, metrics.count_unexpected)  # outside BodyLimit
@@ -217,7 +218,7 @@ def build_app(
         served_model_name = (
             "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
         )
-    return create_app(
+    app = create_app(
         engine,
         model_name=served_model_name,
         api_key=api_key,
@@ -225,3 +226,5 @@ def build_app(
         health_stall_s=health_stall_s,
         max_request_bytes=max_request_bytes,
     )
+    app.state.serving.structured.warm_up()  # the grammar compiler every chat request reads
+    return app

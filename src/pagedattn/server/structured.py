@@ -209,6 +209,17 @@ class StructuredOutput:
                     ) from exc
             return self._compiler
 
+    def warm_up(self) -> None:
+        """Build the grammar compiler and its token trie now (about a second for a 50k
+        vocabulary), not inside the first chat request (every chat request reads its special
+        tokens); nothing without a tokenizer or llguidance."""
+        if self.tokenizer is None:
+            return
+        try:
+            self.compiler("response_format").ll_tokenizer  # noqa: B018  (built on first read)
+        except APIError:  # llguidance is not installed: constrained requests are 400s
+            return
+
     def special_tokens(self, texts: tuple[str, ...], field: str = "tools") -> frozenset[str]:
         """Which of ``texts`` are one token llguidance treats as special (matched only by
         name in a grammar); ``field`` is named when there is no compiler."""
