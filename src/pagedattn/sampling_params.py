@@ -82,11 +82,14 @@ class SamplingParams:
         ignore_eos: keep generating past the tokenizer's end-of-sequence token(s).
         skip_special_tokens: leave special tokens (``<|im_end|>``...) out of the output text.
         logprobs: None, or N >= 0: report for every generated token its logprob, rank and the
-            N most likely alternatives (at most ``MAX_LOGPROBS``).
+            N most likely alternatives (at most ``max_logprobs``).
         prompt_logprobs: None, or N >= 0: the same for every prompt token (the first is None).
             The prompt is then computed in full (no prefix cache: a cached page has no logits).
         logits_processors: callables applied in order to each next-token logits row before
             sampling (see ``LogitsProcessor``); structured output uses them to mask tokens.
+        max_logprobs: the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for
+            (vLLM's ``--max-logprobs``; default ``MAX_LOGPROBS``; a server that allows the whole
+            vocabulary raises it to the vocabulary size).
         speculative_decoding: ``"auto"`` (default: the engine drafts tokens for this request
             when its speculation is on and pays) or ``"off"`` (never). Speculation never
             changes a request's tokens or logprobs; requests with ``logits_processors`` are
@@ -118,6 +121,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = field(default=())
     speculative_decoding: str = "auto"
+    max_logprobs: int = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         stop: str | Iterable[str] = self.stop
@@ -180,10 +184,12 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids: expected ints >= 0, got {t!r}")
+        if not is_int(self.max_logprobs) or self.max_logprobs < 0:
+            raise bad("max_logprobs", "an int >= 0")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or not 0 <= v <= MAX_LOGPROBS):
-                raise bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
+            if v is not None and (not is_int(v) or not 0 <= v <= self.max_logprobs):
+                raise bad(name, f"None or an int in [0, {self.max_logprobs}]")
         if self.speculative_decoding not in SPECULATIVE_DECODING:
             raise bad("speculative_decoding", f"one of {SPECULATIVE_DECODING}")
         for proc in self.logits_processors:
