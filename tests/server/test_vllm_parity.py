@@ -6,6 +6,7 @@ custom roles, int64 seeds, `/invocations` and `/load`."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     args = ["--kv-cache-mib", "64", "--log-level", "warning", "--enable-server-load-tracking"]
+    args += ["--max-logprobs", "-1"]  # -1 in a request may ask for the whole vocabulary
     with serve_subprocess(args, timeout=180) as base:
         yield base
 
@@ -161,6 +163,16 @@ def test_chat_logprob_shapes_streamed_and_not(client: Any) -> None:
         for t in c.choices[0].logprobs.content
     ]
     assert [t.token for t in streamed] == [t.token for t in content]
+
+
+def test_top_logprobs_minus_one_is_the_whole_vocabulary(client: Any, hf_tok: Any) -> None:
+    out = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, temperature=0, logprobs=True, top_logprobs=-1
+    )
+    [token] = out.choices[0].logprobs.content
+    assert len(token.top_logprobs) == len(hf_tok)
+    assert math.fsum(math.exp(t.logprob) for t in token.top_logprobs) == pytest.approx(1, 1e-6)
+    assert token.top_logprobs[0].token == token.token  # greedy: the most likely one
 
 
 def test_custom_role_reaches_the_template(client: Any, hf_tok: Any) -> None:

@@ -248,6 +248,10 @@ def test_truncate_prompt_tokens_and_side(srv: RunningServer) -> None:
     assert prompt_ids(truncate_prompt_tokens=4) == ids[-4:]  # vLLM's default for generation
     assert prompt_ids(truncate_prompt_tokens=-1) == ids  # fits the context: nothing cut
     assert prompt_ids(truncate_prompt_tokens=20) == ids
+    for keep in (0, -2):
+        refused = prompt_ids(truncate_prompt_tokens=keep)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "truncate_prompt_tokens"
     too_big = prompt_ids(truncate_prompt_tokens=510)  # 512-token context less max_tokens 6
     assert too_big.status_code == 400
     assert too_big.json()["error"]["param"] == "truncate_prompt_tokens"

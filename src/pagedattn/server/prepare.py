@@ -185,7 +185,11 @@ class RequestPreparer:
         whole = ids
         ids = self.truncate(req, ids, 16)
         if not ids:
-            raise APIError(400, "prompt: expected at least one token, got none", param="prompt")
+            raise APIError(
+                400,
+                "truncate_prompt_tokens: leaves no prompt token",
+                param="truncate_prompt_tokens",
+            )
         least = 0 if req.echo else 1
         max_tokens = self.limits.resolve_max_tokens(req, len(ids), 16, least=least)
         logprobs = self.num_logprobs("logprobs", req.logprobs, whole_vocab=False)
@@ -238,7 +242,11 @@ class RequestPreparer:
 
         ids = self.truncate(req, chat_prompt_ids(req, self.engine.tokenizer, check), 0)
         if not ids:
-            raise APIError(400, "messages: the prompt is empty", param="truncate_prompt_tokens")
+            raise APIError(
+                400,
+                "truncate_prompt_tokens: leaves no prompt token",
+                param="truncate_prompt_tokens",
+            )
         max_tokens = self.limits.resolve_max_tokens(req, len(ids), self.default_max_tokens)
         prompt_logprobs = self.num_logprobs("prompt_logprobs", req.prompt_logprobs)
         params = self.params(req, max_tokens, logprobs=num_top, prompt_logprobs=prompt_logprobs)
