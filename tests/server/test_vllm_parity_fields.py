@@ -389,5 +389,8 @@ def test_continuous_usage_over_several_prompts_and_choices(srv: RunningServer) -
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
 
 
-def test_load_stays_zero_without_tracking(srv: RunningServer) -> None:
+def test_load_stays_zero_without_tracking_and_ping_is_health(srv: RunningServer) -> None:
     assert httpx.get(f"{srv.url}/load", timeout=10).json() == {"server_load": 0}
+    for method in ("GET", "POST"):
+        r = httpx.request(method, f"{srv.url}/ping", timeout=10)
+        assert r.status_code == 200 and r.json() == {"status": "ok"}

@@ -4,10 +4,10 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``POST /v1/responses``
 (OpenAI's Responses API for text, :mod:`pagedattn.server.responses_api`), ``GET /health`` and
 ``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
-and ``GET /version`` (:mod:`pagedattn.server.tokenize`), ``POST /invocations`` and ``GET /load``
-(:mod:`pagedattn.server.vllm_routes`). With an API key every route but
-``/health`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an OpenAI error
-body otherwise).
+and ``GET /version`` (:mod:`pagedattn.server.tokenize`), ``POST /invocations``, ``/ping`` and
+``GET /load`` (:mod:`pagedattn.server.vllm_routes`). With an API key every route but
+``/health``, ``/ping`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an
+OpenAI error body otherwise).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def create_app(
         return await load.track(responses.respond(raw, request))
 
     add_tokenizer_routes(app, serving.served, auth, _ERRORS)
-    add_vllm_routes(app, chat_completions, completions, load, auth, _ERRORS)
+    add_vllm_routes(app, chat_completions, completions, load, auth, _ERRORS, health)
     return app
 
 

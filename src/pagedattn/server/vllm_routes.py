@@ -1,9 +1,12 @@
-"""vLLM's server routes beyond OpenAI's: ``POST /invocations`` and ``GET /load``.
+"""vLLM's server routes beyond OpenAI's: ``POST /invocations``, ``GET|POST /ping`` and
+``GET /load``.
 
 - ``POST /invocations``: the SageMaker entry point. The body is answered as the route it fits,
   tried in vLLM's order: a chat completion (it has ``messages``), else a completion (it has
   ``prompt``); a body that fits neither is a 400 naming the field of the first failing check
   (``messages`` when the body has them, else ``prompt``).
+- ``GET /ping`` and ``POST /ping``: SageMaker's health check, answered as ``GET /health``
+  (no API key, as ``/health``).
 - ``GET /load``: ``{"server_load": N}``, the generation requests in flight (from arrival until
   their last byte is sent: streams count until they end). It counts only with
   ``enable_server_load_tracking`` (``serve --enable-server-load-tracking``), else it stays 0,
@@ -75,8 +78,15 @@ def add_vllm_routes(
     load: ServerLoad,
     dependencies: list[Any],
     responses: dict[int | str, dict[str, Any]],
+    health: Callable[[], Awaitable[JSONResponse]],
 ) -> None:
-    """Add ``POST /invocations`` (answered by ``chat`` or ``completion``) and ``GET /load``."""
+    """Add ``POST /invocations`` (answered by ``chat`` or ``completion``), ``/ping``
+    (answered by ``health``) and ``GET /load``."""
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> JSONResponse:
+        """SageMaker's health check: ``GET /health``'s answer."""
+        return await health()
 
     @app.post("/invocations", dependencies=dependencies, response_model=None, responses=responses)
     async def invocations(raw: Request) -> JSONResponse | StreamingResponse:
