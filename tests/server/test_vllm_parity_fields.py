@@ -192,7 +192,6 @@ NO_EFFECT: dict[str, tuple[tuple[str, ...], Any, Any]] = {
     "use_beam_search": ((COMPLETIONS, CHAT), False, True),
     "length_penalty": ((COMPLETIONS, CHAT), 0.5, None),
     "priority": ((COMPLETIONS, CHAT), 0, 1),
-    "bad_words": ((COMPLETIONS, CHAT), [], ["the"]),
     "prompt_embeds": ((COMPLETIONS,), None, "AAAA"),
     "cache_salt": ((COMPLETIONS, CHAT), None, "salt"),
     "kv_transfer_params": ((COMPLETIONS, CHAT), None, {"do_remote_decode": True}),
@@ -327,6 +326,29 @@ def test_allowed_token_ids_bound_every_sampled_token(srv: RunningServer) -> None
         assert len(ids) == 12 and set(ids) <= set(allowed)
     r = _post(srv, COMPLETIONS, {"allowed_token_ids": [100000]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
+
+
+def test_bad_words_are_never_generated(srv: RunningServer, hf: HFTokenizer) -> None:
+    body = {"temperature": 1.0, "seed": 9, "max_tokens": 24, "return_token_ids": True}
+    plain = _post(srv, COMPLETIONS, body).json()["choices"][0]
+    # the two most frequent generated tokens that are printable words of one token
+    counts: dict[int, int] = {}
+    for t in plain["token_ids"]:
+        word = hf.decode([t]).lstrip()
+        if word.isprintable() and len(hf.encode(word, add_special_tokens=False).ids) == 1:
+            counts[t] = counts.get(t, 0) + 1
+    words = [hf.decode([t]) for t in sorted(counts, key=lambda t: -counts[t])[:2]]
+    assert words, plain["token_ids"]
+    out = _post(srv, COMPLETIONS, {**body, "bad_words": words}).json()["choices"][0]
+    spellings = set()  # one-token spellings are banned everywhere
+    for w in words:
+        for spelled in (w.lstrip(), " " + w.lstrip()):
+            ids = hf.encode(spelled, add_special_tokens=False).ids
+            spellings |= set(ids) if len(ids) == 1 else set()
+    assert spellings & set(plain["token_ids"])  # what was generated before is banned now
+    assert len(out["token_ids"]) == 24 and not spellings & set(out["token_ids"])
+    r = _post(srv, CHAT, {"bad_words": [""]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words"
 
 
 def test_request_id_names_the_response(srv: RunningServer) -> None:

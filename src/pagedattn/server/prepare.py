@@ -40,7 +40,14 @@ from pagedattn.server.prepared import Prepared
 from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.served_model import ServedModel
 from pagedattn.server.tools import ToolPlanner
-from pagedattn.server.vllm_fields import allow_only, check_vllm_fields, engine_seed, truncated
+from pagedattn.server.vllm_fields import (
+    allow_only,
+    bad_word_ids,
+    ban_sequences,
+    check_vllm_fields,
+    engine_seed,
+    truncated,
+)
 
 MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
 
@@ -125,10 +132,6 @@ class RequestPreparer:
                     bias = {int(k): v for k, v in req.logit_bias.items()}
                 except ValueError:
                     raise ValueError("logit_bias: keys must be token ids") from None
-            allowed = req.allowed_token_ids
-            vocab = self.engine.vocab_size
-            if allowed is not None and not all(0 <= t < vocab for t in allowed):
-                raise ValueError(f"allowed_token_ids: token ids must be in [0, {vocab})")
             params = SamplingParams(
                 n=req.n,
                 temperature=req.temperature,
@@ -148,7 +151,7 @@ class RequestPreparer:
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=req.skip_special_tokens,
                 speculative_decoding="auto" if req.speculative else "off",
-                logits_processors=() if allowed is None else (allow_only(allowed),),
+                logits_processors=self.processors(req),
                 max_logprobs=self.max_logprobs,
                 **extra,
             )
@@ -156,6 +159,25 @@ class RequestPreparer:
             return params
         except ValueError as exc:
             raise value_error(exc) from exc
+
+    def processors(self, req: p.SamplingFields) -> tuple[Any, ...]:
+        """The logits processors of ``allowed_token_ids`` and ``bad_words``. Raises
+        APIError."""
+        out: list[Any] = []
+        vocab = self.engine.vocab_size
+        if req.allowed_token_ids is not None:
+            if not all(0 <= t < vocab for t in req.allowed_token_ids):
+                raise APIError(
+                    400,
+                    f"allowed_token_ids: token ids must be in [0, {vocab})",
+                    param="allowed_token_ids",
+                )
+            out.append(allow_only(req.allowed_token_ids))
+        if req.bad_words:
+            if self.engine.tokenizer is None:
+                raise APIError(400, "bad_words: this model has no tokenizer", param="bad_words")
+            out.append(ban_sequences(bad_word_ids(req.bad_words, self.engine.tokenizer)))
+        return tuple(out)
 
     def completion(
         self, req: p.CompletionRequest, prompt: str | list[int] | None = None

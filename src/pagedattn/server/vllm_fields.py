@@ -1,6 +1,6 @@
 """The checks and helpers of vLLM's extra request fields
 (:mod:`pagedattn.server.vllm_request` declares them): which values change nothing, int64
-seeds, prompt truncation, ``allowed_token_ids``."""
+seeds, prompt truncation, ``allowed_token_ids``, ``bad_words``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ NO_EFFECT: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
         "true, or any value while skip_special_tokens is true (no special token is written)",
     ),
     "priority": (lambda v, r: v == 0, "0 (requests are served first come, first served)"),
-    "bad_words": (lambda v, r: _empty(v), "an empty list"),
     "prompt_embeds": (lambda v, r: _empty(v), "null (prompts are text or token ids)"),
     "cache_salt": (lambda v, r: v is None, "null (the prefix cache is not salted)"),
     "kv_transfer_params": (lambda v, r: _empty(v), "null (no disaggregated prefill)"),
@@ -103,5 +102,35 @@ def allow_only(allowed: list[int]) -> Callable[[Any, Any], Any]:
         out = np.full_like(logits, -np.inf)
         out[keep] = logits[keep]
         return out
+
+    return process
+
+
+def bad_word_ids(words: list[str], tokenizer: Any) -> list[list[int]]:
+    """The token sequences ``bad_words`` bans (vLLM's rule): each word's tokens, and those of
+    the word after a space when that spelling starts with another token of the same count."""
+    out: list[list[int]] = []
+    for word in words:
+        for spaced in (False, True):
+            ids = [int(t) for t in tokenizer.encode(" " * spaced + word.lstrip(), False)]
+            if not ids:
+                raise APIError(400, f"bad_words: {word!r} has no tokens", param="bad_words")
+            if not spaced or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
+                out.append(ids)
+    return out
+
+
+def ban_sequences(sequences: list[list[int]]) -> Callable[[Any, Any], Any]:
+    """A logits processor that bans the last token of each sequence when the tokens generated
+    so far end with the rest of it (vLLM's ``bad_words``)."""
+    import numpy as np
+
+    def process(generated: Any, logits: Any) -> Any:
+        past = list(generated)
+        for seq in sequences:
+            head = len(seq) - 1
+            if head <= len(past) and (head == 0 or past[len(past) - head :] == seq[:head]):
+                logits[seq[-1]] = -np.inf
+        return logits
 
     return process

@@ -11,6 +11,8 @@ value of a field that has no effect here) and otherwise refused with a 400 namin
   ``truncation_side`` (``left``, vLLM's default for generation, keeps the last tokens;
   ``right`` the first).
 - ``allowed_token_ids``: only these tokens may be sampled.
+- ``bad_words``: words never generated (vLLM's rule: the word's last token is banned where
+  the tokens before it were just generated; spelled with and without a leading space).
 - ``add_special_tokens``: the tokenizer's special tokens around the prompt (completions
   default true, chat false, as vLLM).
 - ``request_id``: the response's ``id`` (after ``cmpl-`` / ``chatcmpl-``).
@@ -32,6 +34,7 @@ class VLLMSamplingFields(OpenAIRequest):
     truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     add_special_tokens: bool | None = None
     request_id: str | None = None
     # accepted only where they change nothing (NO_EFFECT)
@@ -39,7 +42,6 @@ class VLLMSamplingFields(OpenAIRequest):
     length_penalty: float = 1.0
     spaces_between_special_tokens: bool = True
     priority: int = 0
-    bad_words: list[str] | None = None
     prompt_embeds: Any = None
     cache_salt: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
