@@ -18,7 +18,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from pagedattn.server import protocol as p
-from tests.server.conftest import RunningServer, ServerFactory
+from tests.server.conftest import TINY_OPTIONS, RunningServer, ServerFactory, serve_app
+from tests.server.tiny_folder import write_tiny_folder
 
 VLLM_VERSION = "0.20.2"
 VLLM_COMPLETION_FIELDS = [
@@ -416,3 +417,42 @@ def test_load_stays_zero_without_tracking_and_ping_is_health(srv: RunningServer)
     for method in ("GET", "POST"):
         r = httpx.request(method, f"{srv.url}/ping", timeout=10)
         assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+@pytest.fixture(scope="module")
+def bos_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a tokenizer whose post-processor puts <|endoftext|> first."""
+    from tokenizers.processors import TemplateProcessing
+
+    folder = write_tiny_folder(tmp_path_factory.mktemp("bos") / "tiny-bos")
+    tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    bos = "<|endoftext|>"
+    tok.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_add_special_tokens(bos_folder: Path) -> None:
+    from pagedattn.server.app import build_app
+
+    hf = HFTokenizer.from_file(str(bos_folder / "tokenizer.json"))
+    with serve_app(build_app(str(bos_folder), **TINY_OPTIONS)) as srv:
+
+        def prompt_ids(path: str, **extra: Any) -> list[int]:
+            r = _post(srv, path, {"return_token_ids": True, "max_tokens": 1, **extra})
+            body = r.json()
+            return list(
+                body["choices"][0]["prompt_token_ids"]
+                if path == COMPLETIONS
+                else body["prompt_token_ids"]
+            )
+
+        with_bos = hf.encode(PROMPT).ids
+        assert with_bos[0] == hf.token_to_id("<|endoftext|>")
+        assert prompt_ids(COMPLETIONS) == with_bos  # completions: true by default
+        assert prompt_ids(COMPLETIONS, add_special_tokens=False) == with_bos[1:]
+        chat = prompt_ids(CHAT)  # chat: false by default (the template writes its own)
+        assert chat[0] != with_bos[0]
+        assert prompt_ids(CHAT, add_special_tokens=True) == [with_bos[0], *chat]
