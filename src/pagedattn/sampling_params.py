@@ -87,6 +87,11 @@ class SamplingParams:
             The prompt is then computed in full (no prefix cache: a cached page has no logits).
         logits_processors: callables applied in order to each next-token logits row before
             sampling (see ``LogitsProcessor``); structured output uses them to mask tokens.
+        allowed_token_ids: None, or the only ids that may be sampled (every other logit -inf;
+            vLLM's ``allowed_token_ids``).
+        bad_words_token_ids: token sequences never generated (vLLM's ``bad_words``): a
+            sequence's last token is banned wherever the generated tokens end with the rest of
+            it (a one-token sequence: everywhere).
         max_logprobs: the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for
             (vLLM's ``--max-logprobs``; default ``MAX_LOGPROBS``; a server that allows the whole
             vocabulary raises it to the vocabulary size).
@@ -121,6 +126,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = field(default=())
     speculative_decoding: str = "auto"
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     max_logprobs: int = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
@@ -128,6 +135,11 @@ class SamplingParams:
         object.__setattr__(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        object.__setattr__(
+            self, "bad_words_token_ids", tuple(tuple(s) for s in self.bad_words_token_ids)
+        )
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise ValueError(
@@ -190,6 +202,14 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not is_int(v) or not 0 <= v <= self.max_logprobs):
                 raise bad(name, f"None or an int in [0, {self.max_logprobs}]")
+        if self.allowed_token_ids is not None and (
+            not self.allowed_token_ids
+            or not all(is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise bad("allowed_token_ids", "None or a non-empty list of ids >= 0")
+        for seq in self.bad_words_token_ids:
+            if not seq or not all(is_int(t) and t >= 0 for t in seq):
+                raise bad("bad_words_token_ids", "non-empty sequences of ids >= 0")
         if self.speculative_decoding not in SPECULATIVE_DECODING:
             raise bad("speculative_decoding", f"one of {SPECULATIVE_DECODING}")
         for proc in self.logits_processors:
@@ -202,6 +222,8 @@ class SamplingParams:
         checks = (
             ("logit_bias", list(self.logit_bias or {})),
             ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("bad_words_token_ids", [t for s in self.bad_words_token_ids for t in s]),
         )
         for name, ids in checks:
             bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -40,14 +40,7 @@ from pagedattn.server.prepared import Prepared
 from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.served_model import ServedModel
 from pagedattn.server.tools import ToolPlanner
-from pagedattn.server.vllm_fields import (
-    allow_only,
-    bad_word_ids,
-    ban_sequences,
-    check_vllm_fields,
-    engine_seed,
-    truncated,
-)
+from pagedattn.server.vllm_fields import bad_word_ids, check_vllm_fields, engine_seed, truncated
 
 MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
 
@@ -132,6 +125,7 @@ class RequestPreparer:
                     bias = {int(k): v for k, v in req.logit_bias.items()}
                 except ValueError:
                     raise ValueError("logit_bias: keys must be token ids") from None
+            allowed = req.allowed_token_ids
             params = SamplingParams(
                 n=req.n,
                 temperature=req.temperature,
@@ -151,7 +145,8 @@ class RequestPreparer:
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=req.skip_special_tokens,
                 speculative_decoding="auto" if req.speculative else "off",
-                logits_processors=self.processors(req),
+                allowed_token_ids=None if allowed is None else tuple(allowed),
+                bad_words_token_ids=self.bad_words(req),
                 max_logprobs=self.max_logprobs,
                 **extra,
             )
@@ -160,24 +155,13 @@ class RequestPreparer:
         except ValueError as exc:
             raise value_error(exc) from exc
 
-    def processors(self, req: p.SamplingFields) -> tuple[Any, ...]:
-        """The logits processors of ``allowed_token_ids`` and ``bad_words``. Raises
-        APIError."""
-        out: list[Any] = []
-        vocab = self.engine.vocab_size
-        if req.allowed_token_ids is not None:
-            if not all(0 <= t < vocab for t in req.allowed_token_ids):
-                raise APIError(
-                    400,
-                    f"allowed_token_ids: token ids must be in [0, {vocab})",
-                    param="allowed_token_ids",
-                )
-            out.append(allow_only(req.allowed_token_ids))
-        if req.bad_words:
-            if self.engine.tokenizer is None:
-                raise APIError(400, "bad_words: this model has no tokenizer", param="bad_words")
-            out.append(ban_sequences(bad_word_ids(req.bad_words, self.engine.tokenizer)))
-        return tuple(out)
+    def bad_words(self, req: p.SamplingFields) -> tuple[tuple[int, ...], ...]:
+        """The token sequences of the request's ``bad_words``. Raises APIError."""
+        if not req.bad_words:
+            return ()
+        if self.engine.tokenizer is None:
+            raise APIError(400, "bad_words: this model has no tokenizer", param="bad_words")
+        return tuple(tuple(s) for s in bad_word_ids(req.bad_words, self.engine.tokenizer))
 
     def completion(
         self, req: p.CompletionRequest, prompt: str | list[int] | None = None

@@ -1,6 +1,6 @@
 """The checks and helpers of vLLM's extra request fields
 (:mod:`pagedattn.server.vllm_request` declares them): which values change nothing, int64
-seeds, prompt truncation, ``allowed_token_ids``, ``bad_words``."""
+seeds, prompt truncation, ``bad_words`` as token sequences."""
 
 from __future__ import annotations
 
@@ -92,20 +92,6 @@ def truncated(
     return ids[:keep] if side == "right" else ids[len(ids) - keep :]
 
 
-def allow_only(allowed: list[int]) -> Callable[[Any, Any], Any]:
-    """A logits processor that leaves only ``allowed`` ids samplable (the others -inf)."""
-    import numpy as np
-
-    keep = np.asarray(sorted(set(allowed)), dtype=np.int64)
-
-    def process(_ids: Any, logits: Any) -> Any:
-        out = np.full_like(logits, -np.inf)
-        out[keep] = logits[keep]
-        return out
-
-    return process
-
-
 def bad_word_ids(words: list[str], tokenizer: Any) -> list[list[int]]:
     """The token sequences ``bad_words`` bans (vLLM's rule): each word's tokens, and those of
     the word after a space when that spelling starts with another token of the same count."""
@@ -118,19 +104,3 @@ def bad_word_ids(words: list[str], tokenizer: Any) -> list[list[int]]:
             if not spaced or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
                 out.append(ids)
     return out
-
-
-def ban_sequences(sequences: list[list[int]]) -> Callable[[Any, Any], Any]:
-    """A logits processor that bans the last token of each sequence when the tokens generated
-    so far end with the rest of it (vLLM's ``bad_words``)."""
-    import numpy as np
-
-    def process(generated: Any, logits: Any) -> Any:
-        past = list(generated)
-        for seq in sequences:
-            head = len(seq) - 1
-            if head <= len(past) and (head == 0 or past[len(past) - head :] == seq[:head]):
-                logits[seq[-1]] = -np.inf
-        return logits
-
-    return process
