@@ -410,6 +410,15 @@ def test_continuous_usage_over_several_prompts_and_choices(srv: RunningServer) -
         assert chunk["usage"]["completion_tokens"] == counts[choice["index"]]
     assert counts == {0: 4, 1: 4, 2: 4, 3: 4}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    # vLLM's rule: continuous_usage_stats without include_usage adds nothing
+    body["stream_options"] = {"include_usage": False, "continuous_usage_stats": True}
+    for path, extra in ((COMPLETIONS, {}), (CHAT, {"messages": MESSAGES})):
+        req = {**body, **extra}
+        if path == CHAT:
+            del req["prompt"]
+        with httpx.stream("POST", f"{srv.url}{path}", json=req, timeout=60) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        assert events and all(e.get("usage") is None for e in events)
 
 
 def test_load_stays_zero_without_tracking_and_ping_is_health(srv: RunningServer) -> None:
