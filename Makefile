@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: run test lint setup setup-test redis warm clean
+.PHONY: run test lint setup setup-test redis chromium warm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ redis:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
 
+# The browser pages' tests drive headless Chromium through Selenium: install Debian's browser
+# and its driver when missing (as root, else through sudo).
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
 # Two workers, each running whole test modules (module fixtures load once): the suite's
 # waits on servers, subprocesses and Redis overlap with the other worker's compute.
 PYTEST_WORKERS ?= 2
@@ -50,7 +57,7 @@ PYTEST_WORKERS ?= 2
 warm: $(VENV)/.setup-run
 	$(BIN)/pagedattn generate "Hi" --max-tokens 4 > /dev/null
 
-test: lint redis warm
+test: lint redis chromium warm
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:

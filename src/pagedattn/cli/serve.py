@@ -73,6 +73,14 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 4 * 1024 * 1024,
+    webui: Annotated[
+        bool,
+        typer.Option(
+            "--webui/--no-webui",
+            help="Serve the chat page at / and the live KV-cache page at /kv.",
+            rich_help_panel=SERVER,
+        ),
+    ] = True,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -121,7 +129,8 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
-    /tokenizer_info, /version, /health and /metrics.
+    /tokenizer_info, /version, /health, /metrics, /v1/kv/state, and the browser pages / (chat)
+    and /kv (the KV cache, live).
 
     With --replicas > 1 or --ray-address, N engine replicas run on Ray Serve behind one
     ingress with the same routes (see deploy/README.md).
@@ -152,6 +161,7 @@ def serve(
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
             log_level=log_level,
+            webui=webui,
         )
         return
     try:
@@ -173,6 +183,7 @@ def serve(
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
+            webui=webui,
             **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:

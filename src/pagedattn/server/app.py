@@ -4,13 +4,17 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``POST /v1/responses``
 (OpenAI's Responses API for text, :mod:`pagedattn.server.responses_api`), ``GET /health`` and
 ``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
-and ``GET /version`` (:mod:`pagedattn.server.tokenize`). With an API key every route but
-``/health`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an OpenAI error
-body otherwise).
+and ``GET /version`` (:mod:`pagedattn.server.tokenize`), ``GET /v1/kv/state`` (the KV cache as
+ids and counts, :mod:`pagedattn.server.kv_state`) and, unless turned off, the browser pages
+``/`` (chat) and ``/kv`` (:mod:`pagedattn.server.webui`). With an API key every route but
+``/health``, ``/version`` and the pages' static files needs ``Authorization: Bearer <key>``
+(401 with an OpenAI error body otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -26,11 +30,14 @@ from pagedattn.server.body_limit import BodyLimit
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
+from pagedattn.server.kv_history import CounterHistory
+from pagedattn.server.kv_state import add_kv_state_route
 from pagedattn.server.metrics import ServerMetrics
 from pagedattn.server.responses_api import ResponsesRequest
 from pagedattn.server.responses_stream import ResponsesServing
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
+from pagedattn.server.webui import add_webui
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -52,6 +59,7 @@ def create_app(
     health_stall_s: float = 60.0,
     engine_client: EngineClient | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    webui: bool = True,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -71,6 +79,7 @@ def create_app(
         max_request_bytes: the largest request body; a larger one is a 413, refused as soon
             as its ``Content-Length`` or the bytes read so far pass the limit (the body is
             read in the ASGI server's chunks and never held whole).
+        webui: serve the chat page at ``/`` and the KV-cache page at ``/kv``.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -87,13 +96,18 @@ def create_app(
     else:
         async_engine, metrics = engine_client, engine_client.metrics
     serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
+    history = CounterHistory(lambda: async_engine.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async_engine.start(after_stop=True)
+        sampler = asyncio.create_task(history.run())
         try:
             yield
         finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
             # finish queued kv-store writes once the engine thread has stopped (not mid-step)
             async_engine.stop(then=engine.close)
 
@@ -175,6 +189,9 @@ def create_app(
         return await responses.respond(raw, request)
 
     add_tokenizer_routes(app, serving.served, auth, _ERRORS)
+    add_kv_state_route(app, async_engine, names[0], history, auth, _ERRORS)
+    if webui:
+        add_webui(app)
     return app
 
 
@@ -186,6 +203,7 @@ def build_app(
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    webui: bool = True,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model and build its app (what ``pagedattn serve`` runs).
@@ -194,7 +212,7 @@ def build_app(
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
-        api_key, default_max_tokens, health_stall_s, max_request_bytes: see
+        api_key, default_max_tokens, health_stall_s, max_request_bytes, webui: see
             :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
@@ -217,4 +235,5 @@ def build_app(
         default_max_tokens=default_max_tokens,
         health_stall_s=health_stall_s,
         max_request_bytes=max_request_bytes,
+        webui=webui,
     )
