@@ -12,7 +12,7 @@ const $ = (id) => document.getElementById(id);
 let conversations = load(STORE, []);
 let settings = { ...DEFAULTS, ...load(SETTINGS, {}) };
 let current = conversations[0]?.id ?? null;
-let streaming = null; // { conv, controller } while a reply streams
+let streaming = null; // { conv, reply, controller } while a reply streams
 
 function load(key, fallback) {
   try {
@@ -214,7 +214,7 @@ async function generate(conv) {
   conv.messages.push(reply);
   conv.updated = Date.now();
   const controller = new AbortController();
-  streaming = { conv, controller };
+  streaming = { conv, reply, controller };
   renderAll();
   const started = performance.now();
   let first = null;
@@ -358,6 +358,15 @@ async function start() {
   });
   $("prompt").addEventListener("input", (e) => autosize(e.target));
   $("stop").addEventListener("click", () => streaming?.controller.abort());
+  // leaving the page (closed, reloaded, navigated away or frozen in the back/forward cache)
+  // stops the reply: the server aborts the request as soon as the stream is closed
+  window.addEventListener("pagehide", () => {
+    if (!streaming) return;
+    streaming.reply.stopped = true;
+    delete streaming.reply.pending;
+    streaming.controller.abort();
+    save();
+  });
   $("new-chat").addEventListener("click", () => {
     if (conversation()?.messages.length === 0) return;
     newConversation();

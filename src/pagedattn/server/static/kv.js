@@ -221,6 +221,10 @@ async function start() {
     $("pause").textContent = paused ? "Resume" : "Pause";
     if (!paused && !timer) poll();
   });
+  window.addEventListener("pagehide", () => { clearTimeout(timer); timer = 0; paused = true; });
+  window.addEventListener("pageshow", (e) => {
+    if (e.persisted) { paused = false; $("pause").textContent = "Pause"; poll(); }
+  });
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden && !paused && !timer) poll();
   });

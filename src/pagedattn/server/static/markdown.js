@@ -10,7 +10,7 @@ function el(tag, className, text) {
   return node;
 }
 
-const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|__([^_]+)__|~~([^~]+)~~|\*([^*\s][^*]*)\*|(^|[^\w])_([^_\s][^_]*)_(?!\w)|\[([^\]]+)\]\(([^)\s]+)\)/g;
+const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*\s](?:[^*]*[^*\s])?)\*\*|(^|[^\w])__([^_\s](?:[^_]*[^_\s])?)__(?!\w)|~~([^~]+)~~|\*([^*\s](?:[^*]*[^*\s])?)\*|(^|[^\w])_([^_\s](?:[^_]*[^_\s])?)_(?!\w)|\[([^\]]+)\]\(([^)\s]+)\)/g;
 
 function safeUrl(href) {
   try {
@@ -22,30 +22,30 @@ function safeUrl(href) {
 }
 
 export function renderInline(text, parent) {
+  const re = new RegExp(INLINE.source, "g"); // its own lastIndex: the calls nest
   let last = 0;
-  INLINE.lastIndex = 0;
-  for (let m = INLINE.exec(text); m !== null; m = INLINE.exec(text)) {
-    let start = m.index;
-    if (m[7] !== undefined) start += m[7].length; // the character before _italic_
+  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+    // the character before __bold__ / _italic_ (not part of the emphasis)
+    const start = m.index + (m[4] ?? m[8] ?? "").length;
     parent.appendChild(document.createTextNode(text.slice(last, start)));
     if (m[2] !== undefined) parent.appendChild(el("code", "inline", m[2]));
-    else if (m[3] !== undefined || m[4] !== undefined) {
-      renderInline(m[3] ?? m[4], parent.appendChild(el("strong")));
-    } else if (m[5] !== undefined) renderInline(m[5], parent.appendChild(el("del")));
-    else if (m[6] !== undefined || m[8] !== undefined) {
-      renderInline(m[6] ?? m[8], parent.appendChild(el("em")));
+    else if (m[3] !== undefined || m[5] !== undefined) {
+      renderInline(m[3] ?? m[5], parent.appendChild(el("strong")));
+    } else if (m[6] !== undefined) renderInline(m[6], parent.appendChild(el("del")));
+    else if (m[7] !== undefined || m[9] !== undefined) {
+      renderInline(m[7] ?? m[9], parent.appendChild(el("em")));
     } else {
-      const href = safeUrl(m[10]);
+      const href = safeUrl(m[11]);
       if (href === null) parent.appendChild(document.createTextNode(m[0]));
       else {
-        const a = el("a", "", m[9]);
+        const a = el("a", "", m[10]);
         a.href = href;
         a.target = "_blank";
         a.rel = "noopener noreferrer nofollow";
         parent.appendChild(a);
       }
     }
-    last = INLINE.lastIndex;
+    last = re.lastIndex;
   }
   parent.appendChild(document.createTextNode(text.slice(last)));
 }
