@@ -209,8 +209,11 @@ def add_kv_state_route(
         counters; ids and counts only (see docs/webui.md)."""
         if reader is None:
             raise APIError(
-                501, "the engines of this server run elsewhere: ask a replica's /v1/kv/state"
+                501,
+                "the engines of this server run elsewhere: ask a replica's /v1/kv/state",
+                code="not_implemented",
             )
+        client.start()  # as any request does when the ASGI server ran no lifespan
         created, snap = await reader.read()
         return build_state(
             snap,
