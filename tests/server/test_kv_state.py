@@ -253,3 +253,60 @@ def test_a_busy_or_dead_engine_answers_503_in_bounded_time() -> None:
         asyncio.run(SnapshotReader(Dead()).read())
     assert (dead.value.status, dead.value.code) == (503, "engine_unavailable")
     assert "boom" in dead.value.message
+
+
+TIER_COUNTERS = {
+    "pages_hit": "pagedattn:kv_store_pages_hit_total",
+    "pages_missed": "pagedattn:kv_store_pages_missed_total",
+    "pages_written": "pagedattn:kv_store_pages_written_total",
+    "bytes_read": "pagedattn:kv_store_bytes_read_total",
+    "bytes_written": "pagedattn:kv_store_bytes_written_total",
+    "restored_tokens": "pagedattn:kv_store_restored_tokens_total",
+}
+
+
+def test_tier_counters_match_the_metrics(make_server: ServerFactory, tmp_path: Path) -> None:
+    # two servers on one disk store: the second restores what the first wrote
+    prompt = list(range(20, 45))  # 25 tokens: 6 full pages of 4
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    for round_ in range(2):
+        with make_server(num_pages=64, kv_store=str(tmp_path / "kv")) as srv:
+            httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).raise_for_status()
+            srv.wait_idle()
+            for _ in range(100):  # the tier writes in the background: read between two equal
+                metrics = srv.metrics()
+                tier = state(srv.url)["counters"]["tier"]
+                if srv.metrics() == metrics:
+                    break
+                time.sleep(0.05)
+        assert tier is not None and tier["backend"] == "disk"
+        for key, metric in TIER_COUNTERS.items():
+            assert tier[key] == metrics[f'{metric}{{backend="disk"}}'], (round_, key)
+    assert tier["pages_hit"] == 6 and tier["restored_tokens"] == 24  # the second round's hits
+
+
+def test_history_rates_are_deltas_over_the_interval() -> None:
+    stats: dict[str, Any] = {
+        "evictions": {"lru": 0, "sliding_window": 0, "lossy": 0},
+        "num_preemptions": 0, "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+        "num_pages": 100, "num_free_pages": 100,
+        "kv_store": {"pages_hit": 0, "pages_written": 0, "bytes_read": 0, "bytes_written": 0},
+    }  # fmt: skip
+    history = CounterHistory(lambda: stats, interval_s=2.0, window_s=6.0)
+    history.sample(now=100.0)
+    stats["evictions"] = {"lru": 6, "sliding_window": 2, "lossy": 0}
+    stats.update(num_preemptions=1, prefix_cache_queries=40, prefix_cache_hits=10)
+    stats["num_free_pages"] = 70
+    stats["kv_store"] = {"pages_hit": 4, "pages_written": 8, "bytes_read": 400, "bytes_written": 0}
+    history.sample(now=102.0)
+    (point,) = history.points()
+    assert (point.time, point.interval_s, point.used_pages) == (102.0, 2.0, 30)
+    assert (point.evictions_per_s, point.preemptions_per_s) == (4.0, 0.5)
+    assert point.prefix_cache_hit_ratio == 0.25
+    assert (point.tier_pages_read_per_s, point.tier_pages_written_per_s) == (2.0, 4.0)
+    assert (point.tier_bytes_read_per_s, point.tier_bytes_written_per_s) == (200.0, 0.0)
+    for t in (104.0, 106.0, 108.0):
+        history.sample(now=t)
+    points = history.points()  # a 6 s window holds 4 samples: 3 intervals, the oldest gone
+    assert [p.time for p in points] == [104.0, 106.0, 108.0]
+    assert points[-1].prefix_cache_hit_ratio is None and points[-1].evictions_per_s == 0.0

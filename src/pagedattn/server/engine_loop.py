@@ -268,9 +268,12 @@ class AsyncEngine:
         if isinstance(command, _Snapshot):
             if command.future.set_running_or_notify_cancel():
                 try:
-                    command.future.set_result(self.engine.kv_snapshot())
+                    snapshot = self.engine.kv_snapshot()
                 except Exception as exc:
                     command.future.set_exception(exc)
+                else:  # /metrics reads the same counters (the tier's move between steps)
+                    self._stats = snapshot["stats"]
+                    command.future.set_result(snapshot)
             return
         try:
             self.engine.add_request(
