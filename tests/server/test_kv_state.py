@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import math
 import threading
@@ -223,6 +224,31 @@ def test_concurrent_callers_share_snapshots(make_server: ServerFactory) -> None:
     assert statuses == [200] * 40
     # one snapshot per 0.25 s at most, however many pages poll
     assert 1 <= len(taken) <= 1 + elapsed / 0.25
+
+
+def test_each_caller_sees_a_snapshot_asked_for_after_it_arrived() -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.asked: list[float] = []
+
+        def kv_snapshot(self) -> concurrent.futures.Future[dict[str, Any]]:
+            self.asked.append(time.monotonic())
+            future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+            future.set_result({"n": len(self.asked)})
+            return future
+
+    client = Counting()
+    reader = SnapshotReader(client, min_interval_s=0.1)
+
+    async def scenario() -> list[int]:
+        first = (await reader.read())[1]["n"]
+        second = (await reader.read())[1]["n"]  # arrived after the first: a new one
+        burst = await asyncio.gather(*(reader.read() for _ in range(10)))
+        return [first, second, *(snap["n"] for _, snap in burst)]
+
+    assert asyncio.run(scenario()) == [1, 2] + [3] * 10  # the burst shares one
+    gaps = [b - a for a, b in itertools.pairwise(client.asked)]
+    assert len(gaps) == 2 and min(gaps) >= 0.1  # at most one per min_interval_s
 
 
 def test_a_busy_or_dead_engine_answers_503_in_bounded_time() -> None:

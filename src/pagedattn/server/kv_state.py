@@ -1,8 +1,11 @@
 """``GET /v1/kv/state``: the engine's page pool, running page tables and cache counters.
 
-The engine thread takes the snapshot between two steps (``AsyncEngine.kv_snapshot``); callers
-share one snapshot at most :data:`MIN_SNAPSHOT_INTERVAL_S` old, wait at most
-:data:`SNAPSHOT_TIMEOUT_S` for it (a 503 after that), and get an answer whose size is bounded
+The engine thread takes the snapshot between two steps (``AsyncEngine.kv_snapshot``). Every
+caller gets a snapshot asked for after it arrived (what finished before the call shows), and
+callers share them: one asked for while others waited serves them all, and the engine takes at
+most one every :data:`MIN_SNAPSHOT_INTERVAL_S` (callers wait for the next instead), however
+many pages poll. A caller waits at most :data:`SNAPSHOT_TIMEOUT_S` in all (a 503 after that,
+e.g. behind a long step), and gets an answer whose size is bounded
 by the query's limits whatever the pool holds: cells aggregate several pages past
 ``max_cells``, at most ``max_requests`` rows of at most ``max_pages_per_request`` entries.
 """
@@ -47,7 +50,8 @@ class KVSnapshots(Protocol):
 
 
 class SnapshotReader:
-    """Shares one engine snapshot between callers, refreshed at most every ``min_interval_s``."""
+    """Shares engine snapshots between callers; the engine takes at most one per
+    ``min_interval_s``, and each caller gets one asked for after it arrived."""
 
     def __init__(
         self,
@@ -60,18 +64,24 @@ class SnapshotReader:
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()
         self._last: tuple[float, dict[str, Any]] | None = None
+        self._asked = -float("inf")  # monotonic time the last snapshot was asked for
 
     async def read(self) -> tuple[float, dict[str, Any]]:
         """``(unix time, snapshot)``. Raises APIError 503 when the engine is dead or did not
         answer within ``timeout_s`` (a long step)."""
-        deadline = time.monotonic() + self.timeout_s
+        arrived = time.monotonic()
+        deadline = arrived + self.timeout_s
         try:
             await asyncio.wait_for(self._lock.acquire(), self.timeout_s)
         except TimeoutError:
             raise _busy(self.timeout_s) from None
         try:
-            if self._last is not None and time.time() - self._last[0] < self.min_interval_s:
-                return self._last
+            if self._last is not None and self._asked >= arrived:
+                return self._last  # asked for while this caller waited
+            pause = self._asked + self.min_interval_s - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            self._asked = time.monotonic()
             future = asyncio.wrap_future(self.client.kv_snapshot())
             try:
                 snap = await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
