@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: run test test-fast lint setup setup-test redis warm prepare clean
+.PHONY: run test test-fast lint setup setup-test redis chromium warm prepare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ redis:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
 
+# The browser pages' tests drive headless Chromium through Selenium: install Debian's browser
+# and its driver when missing (as root, else through sudo).
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
 # Two workers, each running whole test modules (module fixtures load once): the suite's
 # waits on servers, subprocesses and Redis overlap with the other worker's compute.
 PYTEST_WORKERS ?= 2
@@ -55,7 +62,7 @@ warm: $(VENV)/.setup-run
 
 # Lint runs on one core while the kernels compile on the other.
 prepare:
-	$(MAKE) --no-print-directory -j3 lint redis warm
+	$(MAKE) --no-print-directory -j4 lint redis chromium warm
 
 # The compiles for other CPUs keep their Numba cache outside the checkout, one folder per
 # compiler version (tests/kernel_cache_dirs.py): a later run, or a clean clone, reuses it.

@@ -89,6 +89,14 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = False,
+    webui: Annotated[
+        bool,
+        typer.Option(
+            "--webui/--no-webui",
+            help="Serve the chat page at / and the live KV-cache page at /kv.",
+            rich_help_panel=SERVER,
+        ),
+    ] = True,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -137,7 +145,8 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /tokenize,
-    /detokenize, /tokenizer_info, /version, /invocations, /load, /health and /metrics.
+    /detokenize, /tokenizer_info, /version, /invocations, /load, /health, /metrics,
+    /v1/kv/state, and the browser pages / (chat) and /kv (the KV cache, live).
 
     With --replicas > 1 or --ray-address, N engine replicas run on Ray Serve behind one
     ingress with the same routes (see deploy/README.md).
@@ -172,6 +181,7 @@ def serve(
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
             log_level=log_level,
+            webui=webui,
         )
         return
     try:
@@ -195,6 +205,7 @@ def serve(
             max_request_bytes=max_request_bytes,
             max_logprobs=max_logprobs,
             enable_server_load_tracking=enable_server_load_tracking,
+            webui=webui,
             **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:

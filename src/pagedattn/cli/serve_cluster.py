@@ -33,6 +33,7 @@ def serve_cluster(
     health_stall_s: float,
     max_request_bytes: int,
     log_level: str,
+    webui: bool = True,
 ) -> None:
     """Build the cluster app and serve it on ``host:port`` until interrupted. Errors in the
     options print one line to stderr and exit 2.
@@ -73,6 +74,7 @@ def serve_cluster(
             replica_threads=replica_threads,
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
+            webui=webui,
             **engine_options,
         )
     except (FileNotFoundError, ValueError) as exc:

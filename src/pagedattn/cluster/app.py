@@ -71,14 +71,15 @@ def build_cluster_app(
     autoscaling: dict[str, Any] | None = None,
     health_stall_s: float = 60.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    webui: bool = True,
     **engine_options: Any,
 ) -> Any:
     """The bound application (a ``ray.serve.Application``).
 
     Args:
         model, served_model_name, api_key, default_max_tokens, health_stall_s,
-            max_request_bytes: as ``pagedattn serve`` (the stall limit is each replica's
-            health check, the body limit the ingress's).
+            max_request_bytes, webui: as ``pagedattn serve`` (the stall limit is each
+            replica's health check, the body limit and the pages the ingress's).
         replicas: engine replicas (each one LLMEngine with its own page pool); default 2,
             or what ``autoscaling`` decides.
         router: ``prefix`` (:class:`PrefixAwareRouter`), ``pow2`` (Ray's power of two
@@ -148,6 +149,7 @@ def build_cluster_app(
         api_key,
         default_max_tokens,
         max_request_bytes,
+        webui,
     )
 
 

@@ -65,7 +65,7 @@ class ClusterIngress:
             limits; never run).
         engine_options: the replicas' engine options (``kv_store`` is not opened here).
         served_model_name: names clients may pass as ``model``.
-        api_key, default_max_tokens, max_request_bytes: see
+        api_key, default_max_tokens, max_request_bytes, webui: see
             :func:`pagedattn.server.app.create_app`.
     """
 
@@ -79,6 +79,7 @@ class ClusterIngress:
         api_key: str | None = None,
         default_max_tokens: int = 1024,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        webui: bool = True,
     ) -> None:
         from pagedattn.engine.llm import engine_config
         from pagedattn.engine.llm_engine import LLMEngine
@@ -96,6 +97,7 @@ class ClusterIngress:
             default_max_tokens=default_max_tokens,
             max_request_bytes=max_request_bytes,
             engine_client=self.client,
+            webui=webui,
         )
         app.add_middleware(ReplicaHeader)
         self._asgi_app = app

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pagedattn.cache import CacheManager, PagePool
+from pagedattn.cache.pool_snapshot import pool_snapshot
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_stats import engine_stats
@@ -230,3 +231,21 @@ class LLMEngine:
     def get_stats(self) -> dict[str, Any]:
         """Plain counters for metrics: see :func:`pagedattn.engine.engine_stats.engine_stats`."""
         return engine_stats(self.scheduler, self.cache_manager, self.kv_tier)
+
+    def kv_snapshot(self, max_sequences: int = 256, max_table: int = 1024) -> dict[str, Any]:
+        """The page pool as plain data, ids and counts only (never token ids): ``pool`` (a
+        :class:`pagedattn.cache.pool_snapshot.PoolSnapshot` of the first ``max_sequences``
+        running sequences, ``max_table`` entries each), ``sequences`` (their ``(request_id,
+        seq_id, num_cached_tokens)``), ``num_running``, the pool's ``kv_dtype``,
+        ``num_layers`` and ``bytes_per_page``, and ``stats`` (:meth:`get_stats` now)."""
+        shown = self.scheduler.running[:max_sequences]
+        pool = self.page_pool
+        return {
+            "pool": pool_snapshot(self.cache_manager, [s.seq_id for s in shown], max_table),
+            "sequences": [(s.request_id, s.seq_id, s.num_cached_tokens) for s in shown],
+            "num_running": len(self.scheduler.running),
+            "kv_dtype": str(pool.dtype),
+            "num_layers": pool.num_layers,
+            "bytes_per_page": pool.nbytes // pool.num_pages,
+            "stats": self.get_stats(),
+        }

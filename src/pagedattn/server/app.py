@@ -5,13 +5,17 @@ server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``POST /
 (OpenAI's Responses API for text, :mod:`pagedattn.server.responses_api`), ``GET /health`` and
 ``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
 and ``GET /version`` (:mod:`pagedattn.server.tokenize`), ``POST /invocations``, ``/ping`` and
-``GET /load`` (:mod:`pagedattn.server.vllm_routes`). With an API key every route but
-``/health``, ``/ping`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an
-OpenAI error body otherwise).
+``GET /load`` (:mod:`pagedattn.server.vllm_routes`), ``GET /v1/kv/state`` (the KV cache as ids
+and counts, :mod:`pagedattn.server.kv_state`) and, unless turned off, the browser pages ``/``
+(chat) and ``/kv`` (:mod:`pagedattn.server.webui`). With an API key every route but
+``/health``, ``/ping``, ``/version`` and the pages' static files needs
+``Authorization: Bearer <key>`` (401 with an OpenAI error body otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -27,12 +31,15 @@ from pagedattn.server.body_limit import BodyLimit
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
 from pagedattn.server.errors import APIError, error_body, install_error_handlers
+from pagedattn.server.kv_history import CounterHistory
+from pagedattn.server.kv_state import add_kv_state_route
 from pagedattn.server.metrics import ServerMetrics
 from pagedattn.server.responses_api import ResponsesRequest
 from pagedattn.server.responses_stream import ResponsesServing
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
 from pagedattn.server.vllm_routes import ServerLoad, add_vllm_routes
+from pagedattn.server.webui import add_webui
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -56,6 +63,7 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_logprobs: int = 20,
     enable_server_load_tracking: bool = False,
+    webui: bool = True,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -78,6 +86,7 @@ def create_app(
         max_logprobs: the most logprobs per position a request may ask for (vLLM's
             ``--max-logprobs``); -1 = the whole vocabulary (what ``-1`` in a request asks).
         enable_server_load_tracking: ``GET /load`` counts the generation requests in flight.
+        webui: serve the chat page at ``/`` and the KV-cache page at ``/kv``.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -97,13 +106,18 @@ def create_app(
         raise ValueError(f"max_logprobs: expected -1 or an int >= 0, got {max_logprobs}")
     serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:], max_logprobs)
     load = ServerLoad(enable_server_load_tracking)
+    history = CounterHistory(lambda: async_engine.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async_engine.start(after_stop=True)
+        sampler = asyncio.create_task(history.run())
         try:
             yield
         finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
             # finish queued kv-store writes once the engine thread has stopped (not mid-step)
             async_engine.stop(then=engine.close)
 
@@ -187,6 +201,9 @@ def create_app(
 
     add_tokenizer_routes(app, serving.served, auth, _ERRORS)
     add_vllm_routes(app, chat_completions, completions, load, auth, _ERRORS, health)
+    add_kv_state_route(app, async_engine, names[0], history, auth, _ERRORS)
+    if webui:
+        add_webui(app)
     return app
 
 
@@ -200,6 +217,7 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_logprobs: int = 20,
     enable_server_load_tracking: bool = False,
+    webui: bool = True,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model, compile or load the kernels its requests run
@@ -211,7 +229,7 @@ def build_app(
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
         api_key, default_max_tokens, health_stall_s, max_request_bytes, max_logprobs,
-        enable_server_load_tracking: see :func:`create_app`.
+        enable_server_load_tracking, webui: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -240,6 +258,7 @@ def build_app(
         max_request_bytes=max_request_bytes,
         max_logprobs=max_logprobs,
         enable_server_load_tracking=enable_server_load_tracking,
+        webui=webui,
     )
     app.state.serving.structured.warm_up()  # the grammar compiler every chat request reads
     return app

@@ -17,6 +17,7 @@ same engine (a thread that outlives its stop timeout stays the only driver).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -56,6 +57,11 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Snapshot:
+    future: concurrent.futures.Future[dict[str, Any]]
 
 
 _STOP = object()
@@ -203,6 +209,17 @@ class AsyncEngine:
         """Ask the engine thread to abort a request (no-op when unknown or finished)."""
         self._commands.put(_Abort(request_id))
 
+    def kv_snapshot(self) -> concurrent.futures.Future[dict[str, Any]]:
+        """Ask the engine thread for ``LLMEngine.kv_snapshot()``, taken between two steps; the
+        future fails with EngineDeadError when the engine is not running (a stop pending
+        behind it leaves it unanswered: wait on it with a timeout)."""
+        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        if not self.is_running:
+            future.set_exception(EngineDeadError(self.death or "the engine loop is not running"))
+        else:
+            self._commands.put(_Snapshot(future))
+        return future
+
     # ---- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -244,9 +261,19 @@ class AsyncEngine:
                 self._step()
             self._last_progress = time.monotonic()
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort | _Snapshot) -> None:
         if isinstance(command, _Abort):
             self.engine.abort(command.request_id)
+            return
+        if isinstance(command, _Snapshot):
+            if command.future.set_running_or_notify_cancel():
+                try:
+                    snapshot = self.engine.kv_snapshot()
+                except Exception as exc:
+                    command.future.set_exception(exc)
+                else:  # /metrics reads the same counters (the tier's move between steps)
+                    self._stats = snapshot["stats"]
+                    command.future.set_result(snapshot)
             return
         try:
             self.engine.add_request(
