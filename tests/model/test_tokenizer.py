@@ -49,7 +49,8 @@ def test_tiny_tokenizer_bpe_and_special_tokens(tiny_loaded: LoadedModel) -> None
     assert ids == [3 + ord("t") - ord("!"), 260, 223, 3 + ord("c") - ord("!"), 268, 2]
     assert tok.decode(ids) == "the cat<|im_end|>"
     assert tok.decode(ids, skip_special_tokens=True) == "the cat"
-    assert tok.eos_token_id == 2 and tok.bos_token_id == 1 and tok.stop_token_ids == {2}
+    # <|endoftext|> (0) and <|im_end|> (2, the eos) end generation, as in llama.cpp
+    assert tok.eos_token_id == 2 and tok.bos_token_id == 1 and tok.stop_token_ids == {0, 2}
     assert tok.vocab_size == tiny_loaded.config.vocab_size
 
 
@@ -83,11 +84,11 @@ def test_unsupported_gguf_tokenizers_are_refused() -> None:
         Tokenizer.from_gguf_metadata(
             {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}
         )
-    with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'qwen2'"):
+    with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'jais'"):
         Tokenizer.from_gguf_metadata(
             {
                 "tokenizer.ggml.model": "gpt2",
-                "tokenizer.ggml.pre": "qwen2",
+                "tokenizer.ggml.pre": "jais",
                 "tokenizer.ggml.tokens": ["a", "b", "ab"],
                 "tokenizer.ggml.merges": ["a b"],
             }
