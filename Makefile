@@ -1,10 +1,12 @@
 # Two commands on a fresh machine:
 #   make run    set up .venv and generate real text with the embedded SmolLM2 model
+#               (MODEL=NAME: a model from `pagedattn models`, pulled first when missing)
 #   make test   set up .venv and run every test (lint, types, unit, model-vs-HF)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
+MODEL  ?= smollm2-135m
 
 .PHONY: run test lint setup setup-test redis warm clean
 
@@ -27,7 +29,8 @@ setup: $(VENV)/.setup-run
 setup-test: $(VENV)/.setup-test
 
 run: $(VENV)/.setup-run
-	$(BIN)/pagedattn generate "$(PROMPT)" --stats
+	$(BIN)/pagedattn pull $(MODEL) > /dev/null
+	$(BIN)/pagedattn generate "$(PROMPT)" --model $(MODEL) --stats
 
 lint: $(VENV)/.setup-test
 	$(BIN)/ruff check src tests
