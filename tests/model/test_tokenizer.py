@@ -65,12 +65,20 @@ def test_chat_template_errors_are_value_errors(tiny_loaded: LoadedModel) -> None
     tok = tiny_loaded.tokenizer
     raising = Tokenizer(
         tok.backend,
-        chat_template="{{ raise_exception('only user roles') }}",
+        chat_template="{% if messages|length > 1 %}{{ raise_exception('one message only') }}"
+        "{% endif %}{{ messages[0]['content'] }}",
         special_tokens={},
         eos_token_id=2,
     )
-    with pytest.raises(ValueError, match="only user roles"):
-        raising.apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(ValueError, match="one message only"):
+        raising.apply_chat_template([{"role": "user", "content": "x"}] * 2)
+    with pytest.raises(ValueError, match=r"tokenizer.chat_template\) fails to render .*always"):
+        Tokenizer(
+            tok.backend,
+            chat_template="{{ raise_exception('always') }}",
+            special_tokens={},
+            eos_token_id=2,
+        )
     with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with a string 'role'"):
         tok.apply_chat_template([{"content": "no role"}])
     with pytest.raises(ValueError, match="token ids must be in"):

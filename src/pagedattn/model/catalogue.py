@@ -62,6 +62,8 @@ def resolve_model(model: str | Path | None) -> Path:
     if path.exists():
         return path
     known = CATALOGUE.get(str(model))
+    if known is None and ("/" in str(model) or os.sep in str(model) or path.suffix == ".gguf"):
+        raise FileNotFoundError(f"model path {path} does not exist")
     if known is None:
         raise FileNotFoundError(
             f"model path {path} does not exist, and {str(model)!r} is not a known model name "

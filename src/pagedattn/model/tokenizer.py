@@ -15,7 +15,9 @@ from tokenizers import Tokenizer as BackendTokenizer
 from pagedattn.model.chat_template import render_chat_template
 from pagedattn.model.gguf_vocab import bytes_to_unicode, gguf_backend, special_token
 
-__all__ = ["END_OF_TURN_TOKENS", "Tokenizer", "bytes_to_unicode"]
+__all__ = ["END_OF_TURN_TOKENS", "NO_CHAT_TEMPLATE", "Tokenizer", "bytes_to_unicode"]
+
+NO_CHAT_TEMPLATE = "this model has no chat template: it is a base model that completes raw text"
 
 # Special tokens that end a turn or a text in the chat formats of the common families (ChatML,
 # Gemma, Phi-3, Llama 3 / 3.1 tool messages, GPT-2 style end of text); llama.cpp treats the same
@@ -73,6 +75,23 @@ class Tokenizer:
         bos = self.special_tokens.get("bos_token")
         self.bos_token_id: int | None = None if bos is None else backend.token_to_id(bos)
         self._added_prefix, self._added_suffix = _added_by_post_processor(backend)
+        if chat_template:
+            self._check_chat_template()
+
+    def _check_chat_template(self) -> None:
+        """Render a one-message conversation, so that a template which cannot render fails
+        when the model loads, not on the first request.
+
+        Raises:
+            ValueError: the template is not valid Jinja2 or fails to render (its message kept).
+        """
+        try:
+            self.apply_chat_template([{"role": "user", "content": "Hello"}])
+        except ValueError as exc:
+            raise ValueError(
+                f"the model's chat template (tokenizer.chat_template) fails to render a "
+                f"one-message conversation: {exc}"
+            ) from exc
 
     @property
     def vocab_size(self) -> int:
@@ -147,7 +166,7 @@ class Tokenizer:
         """
         source = chat_template if chat_template is not None else self.chat_template
         if not source:
-            raise ValueError("this tokenizer has no chat template")
+            raise ValueError(NO_CHAT_TEMPLATE)
         return render_chat_template(
             source,
             messages,
