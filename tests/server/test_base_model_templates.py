@@ -48,6 +48,9 @@ def test_chat_routes_are_a_400_naming_messages(base_server: RunningServer) -> No
         timeout=60,
     )
     assert responses.status_code == 400 and "no chat template" in responses.text
+    tokenized = httpx.post(f"{base_server.url}/tokenize", json=body, timeout=60)
+    assert tokenized.status_code == 400 and tokenized.json()["error"]["param"] == "messages"
+    assert "no chat template" in tokenized.json()["error"]["message"]
 
 
 def test_completions_and_a_request_template_still_work(base_server: RunningServer) -> None:
