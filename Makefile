@@ -1,5 +1,7 @@
 # Two commands on a fresh machine:
 #   make run    set up .venv and generate real text with the embedded SmolLM2 model
+#               (MODEL=NAME|PATH: a model from `pagedattn models`, pulled first when missing,
+#               or a local file)
 #   make test   set up .venv and run every test (lint, types, unit, model-vs-HF)
 # While iterating, `make test-fast` skips the tests marked slow (kernels compiled for other CPUs
 # or into an empty cache: minutes of CPU each when their cache is cold).
@@ -7,6 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
+MODEL  ?= smollm2-135m
 
 .PHONY: run test test-fast lint setup setup-test redis chromium warm prepare clean
 
@@ -29,7 +32,8 @@ setup: $(VENV)/.setup-run
 setup-test: $(VENV)/.setup-test
 
 run: $(VENV)/.setup-run
-	$(BIN)/pagedattn generate "$(PROMPT)" --stats
+	$(BIN)/pagedattn pull $(MODEL) > /dev/null
+	$(BIN)/pagedattn generate "$(PROMPT)" --model $(MODEL) --stats
 
 lint: $(VENV)/.setup-test
 	$(BIN)/ruff check src tests

@@ -100,3 +100,43 @@ def test_add_space_prefix_false_marks_no_first_word(spm_model_file: Path, tmp_pa
     assert tok.decode(ids) == "the man"
     with_prefix = load_model(write_spm_gguf(tmp_path / "space.gguf", spm_model_file)).tokenizer
     assert with_prefix.id_to_token(with_prefix.encode("the man")[1]) == "\u2581the"
+
+
+def write_vocab_only_gguf(path: Path, model_file: Path, architecture: str) -> Path:
+    """A GGUF holding only the SentencePiece vocabulary, under ``architecture``."""
+    from gguf import GGUFWriter
+
+    tokens, scores, types = spm_vocab(model_file)
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.hf
+def test_phi3_sentencepiece_marks_words_by_normalizer_like_hf(
+    spm_model_file: Path, tmp_path: Path
+) -> None:
+    """Phi-3: the word-start mark comes from a normalizer, so a text starting with spaces keeps
+    one more "▁" than Llama's Metaspace gives (transformers builds Phi-3 files so)."""
+    from pagedattn.model.gguf_loader import gguf_tokenizer_metadata, open_gguf
+    from pagedattn.model.tokenizer import Tokenizer
+
+    path = write_vocab_only_gguf(tmp_path / "phi3.gguf", spm_model_file, "phi3")
+    tok = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(open_gguf(path)))
+    hf = hf_gguf_tokenizer(path)
+    llama = load_model(write_spm_gguf(tmp_path / "llama.gguf", spm_model_file)).tokenizer
+    assert tok.encode("  two spaces") != llama.encode("  two spaces")  # the variants differ
+    for text in SPM_STRINGS:
+        assert tok.encode(text) == hf.encode(text), text
+        assert tok.decode(tok.encode(text)) == hf.decode(hf.encode(text)), text

@@ -49,7 +49,8 @@ def test_tiny_tokenizer_bpe_and_special_tokens(tiny_loaded: LoadedModel) -> None
     assert ids == [3 + ord("t") - ord("!"), 260, 223, 3 + ord("c") - ord("!"), 268, 2]
     assert tok.decode(ids) == "the cat<|im_end|>"
     assert tok.decode(ids, skip_special_tokens=True) == "the cat"
-    assert tok.eos_token_id == 2 and tok.bos_token_id == 1 and tok.stop_token_ids == {2}
+    # <|endoftext|> (0) and <|im_end|> (2, the eos) end generation, as in llama.cpp
+    assert tok.eos_token_id == 2 and tok.bos_token_id == 1 and tok.stop_token_ids == {0, 2}
     assert tok.vocab_size == tiny_loaded.config.vocab_size
 
 
@@ -64,12 +65,20 @@ def test_chat_template_errors_are_value_errors(tiny_loaded: LoadedModel) -> None
     tok = tiny_loaded.tokenizer
     raising = Tokenizer(
         tok.backend,
-        chat_template="{{ raise_exception('only user roles') }}",
+        chat_template="{% if messages|length > 1 %}{{ raise_exception('one message only') }}"
+        "{% endif %}{{ messages[0]['content'] }}",
         special_tokens={},
         eos_token_id=2,
     )
-    with pytest.raises(ValueError, match="only user roles"):
-        raising.apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(ValueError, match="one message only"):
+        raising.apply_chat_template([{"role": "user", "content": "x"}] * 2)
+    with pytest.raises(ValueError, match=r"tokenizer.chat_template\) fails to render .*always"):
+        Tokenizer(
+            tok.backend,
+            chat_template="{{ raise_exception('always') }}",
+            special_tokens={},
+            eos_token_id=2,
+        )
     with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with a string 'role'"):
         tok.apply_chat_template([{"content": "no role"}])
     with pytest.raises(ValueError, match="token ids must be in"):
@@ -83,11 +92,11 @@ def test_unsupported_gguf_tokenizers_are_refused() -> None:
         Tokenizer.from_gguf_metadata(
             {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}
         )
-    with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'qwen2'"):
+    with pytest.raises(ValueError, match=r"unsupported GGUF pre-tokenizer 'jais'"):
         Tokenizer.from_gguf_metadata(
             {
                 "tokenizer.ggml.model": "gpt2",
-                "tokenizer.ggml.pre": "qwen2",
+                "tokenizer.ggml.pre": "jais",
                 "tokenizer.ggml.tokens": ["a", "b", "ab"],
                 "tokenizer.ggml.merges": ["a b"],
             }
@@ -160,3 +169,53 @@ def test_chat_template_equals_hf(
         messages, add_generation_prompt=add_generation_prompt, tokenize=True
     )["input_ids"]
     assert real_loaded.tokenizer.encode_chat(messages, add_generation_prompt) == list(hf_ids)
+
+
+def write_byte_level_vocab(path: Path, architecture: str, pre: str) -> Path:
+    """A GGUF holding only the tiny byte-level vocabulary, with pre-tokenizer ``pre``."""
+    from gguf import GGUFWriter
+
+    from tests.model.tiny import MERGES, SPECIALS, tiny_tokens
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    tokens = tiny_tokens()
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.hf
+def test_byte_level_pre_tokenizers_equal_hf(tmp_path: Path) -> None:
+    """llama-bpe (Llama 3: digits in threes) and qwen2 (single digits) split text as
+    transformers does for the same file; the two differ on digit runs."""
+    transformers = pytest.importorskip("transformers")
+    from pagedattn.model.gguf_loader import gguf_tokenizer_metadata, open_gguf
+
+    texts = [*HARD_STRINGS, "1234567 89", "x=12345;y=6", "  \n\n  12 ab"]
+    ours: dict[str, Tokenizer] = {}
+    for arch, pre in (("llama", "llama-bpe"), ("qwen2", "qwen2")):
+        folder = tmp_path / pre
+        folder.mkdir()
+        path = write_byte_level_vocab(folder / "vocab.gguf", arch, pre)
+        tok = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(open_gguf(path)))
+        hf = transformers.AutoTokenizer.from_pretrained(str(folder), gguf_file=path.name)
+        for text in texts:
+            assert tok.encode(text) == hf.encode(text), (pre, text)
+            assert tok.decode(tok.encode(text)) == hf.decode(hf.encode(text)), (pre, text)
+        ours[pre] = tok
+    splits = {
+        pre: [piece for piece, _ in tok.backend.pre_tokenizer.pre_tokenize_str("1234567 ab")]
+        for pre, tok in ours.items()
+    }
+    assert splits["llama-bpe"] == ["123", "456", "7", "Ġab"]
+    assert splits["qwen2"] == ["1", "2", "3", "4", "5", "6", "7", "Ġab"]

@@ -118,6 +118,7 @@ def write_tiny_gguf(
     extra: dict[str, bool | int | float | str] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
     stored: dict[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
+    chat_template: str | None = CHAT_TEMPLATE,
 ) -> Path:
     """Write a GGUF the way llama.cpp's converter does (q/k rows permuted, 2-D tensors in qtype);
     ``extra_tensors`` (GGUF names, float32) are written too, e.g. ``rope_freqs.weight``;
@@ -132,7 +133,8 @@ def write_tiny_gguf(
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    if chat_template is not None:  # None: a base model's file, with no template
+        writer.add_chat_template(chat_template)
     write_tensors(
         writer,
         config,

@@ -101,17 +101,16 @@ def load_tokenizer(model: str | None) -> Any:
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """The model file or folder (None = the embedded GGUF); a folder holding exactly one .gguf
-    and no config.json resolves to that file.
+    """The model file or folder (None = the embedded GGUF; a model name = its installed file); a
+    folder holding exactly one .gguf and no config.json resolves to that file.
 
     Raises:
-        FileNotFoundError: no such path, or the embedded model is not installed.
+        FileNotFoundError: no such path or installed model, or the embedded model is not
+            installed.
     """
-    from pagedattn.model.registry import embedded_model_path
+    from pagedattn.model.catalogue import resolve_model
 
-    path = embedded_model_path() if model is None else Path(model).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path {path} does not exist")
+    path = resolve_model(model)
     if path.is_dir() and not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:

@@ -43,6 +43,7 @@ def _register() -> None:
         eval,
         eval_report,
         generate,
+        models,
         profile,
         serve,
     )

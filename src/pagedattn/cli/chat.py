@@ -160,6 +160,13 @@ def chat(
                 engine_options = dataclasses.replace(engine_options, kv_store=default_store)
         params = sampling.sampling_params()
         engine = engine_options.build_engine()
+        if not engine.tokenizer.chat_template:
+            from pagedattn.model.tokenizer import NO_CHAT_TEMPLATE
+
+            engine.close()
+            raise ValueError(
+                f"chat needs a chat template; {NO_CHAT_TEMPLATE} (use `pagedattn generate`)"
+            )
         conversation = Conversation(engine.tokenizer, system)
         conversation.prompt_for("")  # fail now if the model has no template
         if session is not None:

@@ -37,7 +37,8 @@ def generate(
 ) -> None:
     """Generate an answer to PROMPT, streamed to stdout as tokens arrive.
 
-    The chat template wraps PROMPT as a user message (after --system, if given) unless --raw.
+    The chat template wraps PROMPT as a user message (after --system, if given) unless --raw;
+    a base model without a chat template completes PROMPT as raw text (and says so on stderr).
 
     Defaults: greedy (temperature 0, reproducible), at most 128 new tokens, end-of-turn stops.
 
@@ -49,6 +50,13 @@ def generate(
             raise ValueError("--system needs the chat template; drop --raw")
         engine = engine_options.build_engine()
         tokenizer = engine.tokenizer
+        if not raw and not tokenizer.chat_template:
+            from pagedattn.model.tokenizer import NO_CHAT_TEMPLATE
+
+            if system is not None:
+                raise ValueError(f"--system needs a chat template; {NO_CHAT_TEMPLATE}")
+            print(f"({NO_CHAT_TEMPLATE}: completing PROMPT as is)", file=sys.stderr, flush=True)
+            raw = True
         if raw:
             ids = engine.encode(prompt)
         else:

@@ -22,8 +22,9 @@ ModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
-        metavar="PATH",
-        help="A .gguf file or a Hugging Face folder; default: the embedded SmolLM2-135M-Instruct.",
+        metavar="NAME|PATH",
+        help="A model name from `pagedattn models`, a .gguf file or a Hugging Face folder;"
+        " default: the embedded SmolLM2-135M-Instruct.",
         rich_help_panel=ENGINE,
     ),
 ]

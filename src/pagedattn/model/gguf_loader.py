@@ -259,6 +259,11 @@ def gguf_weights(
 
 
 def gguf_tokenizer_metadata(reader: GGUFFile) -> dict[str, Any]:
-    """Every ``tokenizer.*`` metadata value of the file (vocabulary, merges, types, template...);
-    numeric arrays (token types, scores) are numpy arrays, string arrays lists."""
-    return {k: v for k, v in reader.metadata.items() if k.startswith("tokenizer.")}
+    """Every ``tokenizer.*`` metadata value of the file (vocabulary, merges, types, template...)
+    and ``general.architecture`` (which SentencePiece variant); numeric arrays (token types,
+    scores) are numpy arrays, string arrays lists."""
+    return {
+        k: v
+        for k, v in reader.metadata.items()
+        if k.startswith("tokenizer.") or k == "general.architecture"
+    }

