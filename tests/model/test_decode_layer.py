@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-import pagedattn.model.llama as llama
+import pagedattn.model.decoder as llama
 from pagedattn.kernels import paged
 from pagedattn.kernels.target import has_avx2
 from pagedattn.model.forward_batch import ForwardBatch

@@ -165,7 +165,7 @@ def test_hf_folder_bfloat16_is_widened(tmp_path: Path, tiny_gguf: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"model_type": "qwen2"}, r"unsupported architecture 'qwen2'"),
+        ({"model_type": "gpt_neox"}, r"unsupported architecture 'gpt_neox'"),
         ({"attention_bias": True}, r"attention_bias=true is not supported"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"RoPE scaling 'yarn'"),
     ],

@@ -176,7 +176,7 @@ def test_gguf_unknown_tensors_and_bad_rope_freqs_are_refused(
 @pytest.mark.parametrize(
     ("rope", "message"),
     [
-        ({"rope_type": "linear", "factor": 2.0}, r"RoPE scaling 'linear' is not supported"),
+        ({"rope_type": "yarn", "factor": 2.0}, r"RoPE scaling 'yarn' is not supported"),
         ({"rope_type": "dynamic", "factor": 2.0}, r"RoPE scaling 'dynamic'"),
         ({"rope_type": "longrope", "factor": 2.0}, r"RoPE scaling 'longrope'"),
         (

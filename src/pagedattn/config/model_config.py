@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
@@ -11,16 +12,28 @@ ACTIVATIONS = ("float32", "int8")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Llama-architecture decoder.
+    """Shape and numerics of a decoder of one of the families in
+    :mod:`pagedattn.model.architecture` (``architecture`` names it; the family decides which
+    tensors exist: biases, q/k norms, the extra norms, the activation).
 
     ``rope_freq_factors``: None (plain RoPE), or one positive divisor per rotary pair
     (head_dim // 2 floats) applied to the frequencies ``rope_theta^(-2i/head_dim)``: Llama-3.1
     scaling (GGUF ``rope_freqs.weight``, HF ``rope_scaling: {rope_type: llama3}``).
     ``rope_scaling`` names where they came from ("" for none, "llama3").
 
+    Per-layer attention: ``layer_windows`` is None (every layer attends to its whole context)
+    or one int per layer, 0 for full attention, W > 0 for a sliding window of W tokens
+    (``p - W < j <= p``). Sliding layers rotate with ``rope_theta_local`` and no frequency
+    divisors when it is set (Gemma 3), else like the full layers. ``attn_scale`` multiplies
+    ``q . k`` (None: ``1 / sqrt(head_dim)``; Gemma: ``query_pre_attn_scalar ** -0.5``);
+    ``embed_scale`` multiplies the embedding rows (Gemma: ``sqrt(hidden_size)``);
+    ``final_logit_softcap`` C, when set, maps logits to ``C * tanh(logits / C)``.
+
     Raises:
-        ValueError: a non-positive size, num_heads not a multiple of num_kv_heads, or
-            rope_freq_factors of the wrong length or not all positive.
+        ValueError: a non-positive size, num_heads not a multiple of num_kv_heads,
+            rope_freq_factors of the wrong length or not all positive, layer_windows whose
+            length is not num_layers or with a window < 0 or beyond max_position_embeddings,
+            or a non-positive scale, RoPE base or soft cap.
     """
 
     vocab_size: int
@@ -40,6 +53,11 @@ class ModelConfig:
     name: str = ""
     rope_scaling: str = ""
     rope_freq_factors: tuple[float, ...] | None = None
+    layer_windows: tuple[int, ...] | None = None
+    rope_theta_local: float | None = None
+    attn_scale: float | None = None
+    embed_scale: float = 1.0
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for field in (
@@ -71,6 +89,47 @@ class ModelConfig:
                 f"ModelConfig.rope_freq_factors: expected {self.head_dim // 2} positive values, "
                 f"got {len(factors)}"
             )
+
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        windows = self.layer_windows
+        if windows is not None:
+            if len(windows) != self.num_layers:
+                raise ValueError(
+                    f"ModelConfig.layer_windows: expected one entry per layer ({self.num_layers}), "
+                    f"got {len(windows)}"
+                )
+            bad = [w for w in windows if not isinstance(w, int) or w < 0]
+            if bad or max(windows, default=0) > self.max_position_embeddings:
+                raise ValueError(
+                    "ModelConfig.layer_windows: each window must be 0 (full attention) or a "
+                    f"positive int <= max_position_embeddings ({self.max_position_embeddings}), "
+                    f"got {sorted(set(windows))}"
+                )
+        for name in ("rope_theta_local", "attn_scale", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ModelConfig.{name} must be positive or None, got {value!r}")
+        if not self.embed_scale > 0:
+            raise ValueError(f"ModelConfig.embed_scale must be positive, got {self.embed_scale!r}")
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window W, or None when it attends to its whole context."""
+        if self.layer_windows is None or self.layer_windows[layer] == 0:
+            return None
+        return self.layer_windows[layer]
+
+    def layer_rope(self, layer: int) -> tuple[float, tuple[float, ...] | None]:
+        """(RoPE base, frequency divisors or None) that layer ``layer`` rotates q and k with."""
+        if self.rope_theta_local is not None and self.layer_window(layer) is not None:
+            return self.rope_theta_local, None
+        return self.rope_theta, self.rope_freq_factors
+
+    @property
+    def attention_scale(self) -> float:
+        """The multiplier of ``q . k`` (``attn_scale``, or ``1 / sqrt(head_dim)``)."""
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @property
     def rope_scaling_key(self) -> str:

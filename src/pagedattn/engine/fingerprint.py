@@ -1,13 +1,16 @@
 """A model's fingerprint from its weights: the content digest that names its pages in the
 prefix cache and the persistent tier when the caller gives none.
 
-The digest (xxh3-128, several GB/s) covers the model config and every weight tensor in a
-canonical order, each named by its place in the decoder (``embed``, ``lm_head`` unless tied,
-``final_norm``, per layer ``attn_norm``, ``qkv``, ``o``, ``mlp_norm``, ``gate_up``, ``down``),
-its storage kind (a dtype, or a GGUF block type, hashed as the file's blocks) and bytes. A
-tensor stored as parts (q, k and v apart) hashes as their concatenation, so the NumPy and the
-torch model of the same float32 weights share a fingerprint; the same weights stored another
-way (GGUF blocks vs dequantized floats, bfloat16) do not. It is computed once per model object.
+The digest (xxh3-128, several GB/s) covers the model config and every weight tensor the
+architecture table loads, in the model's ``named_tensors()`` order: each named by its place in
+the decoder (``embed``, ``lm_head`` unless tied, ``final_norm``, per layer one entry per role of
+the family, :attr:`pagedattn.model.architecture.Architecture.layer_roles`: ``attn_norm``, ``q``,
+``k``, ``v``, biases, q/k norms, ``o``, the output norms, ``mlp_norm``, ``gate``, ``up``,
+``down``), its storage kind (a dtype, or a GGUF block type, hashed as the file's blocks) and
+bytes. The list comes from the table, so a family's extra tensor cannot be left out; a model
+whose layers do not hold exactly its family's roles is refused. The NumPy and the torch model
+of the same float32 weights share a fingerprint; the same weights stored another way (GGUF
+blocks vs dequantized floats, bfloat16) do not. It is computed once per model object.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from typing import Any
 import numpy as np
 import xxhash
 
-_LAYER_FIELDS = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
 _CACHE: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def weights_fingerprint(model: Any) -> str | None:
     """``"weights-xxh3_128:<hex>"`` of ``model``'s config and weights, or None when the model
-    does not hold its weights as a Llama decoder does (then the caller must name it)."""
+    does not list its tensors (no ``named_tensors()``; then the caller must name it).
+
+    Raises:
+        ValueError: a layer whose tensors are not exactly its family's roles.
+    """
     try:
         cached = _CACHE.get(model)
     except TypeError:  # not weakly referenceable: computed every time
@@ -51,17 +57,21 @@ def weights_fingerprint(model: Any) -> str | None:
 
 
 def _named_tensors(model: Any) -> list[tuple[str, list[Any]]] | None:
-    try:
-        embed, lm_head, final_norm = model.embed, model.lm_head, model.final_norm
-        layers = list(model.layers)
-        out: list[tuple[str, list[Any]]] = [("embed", _parts(embed))]
-        if lm_head is not embed:
-            out.append(("lm_head", _parts(lm_head)))
-        out.append(("final_norm", _parts(final_norm)))
-        for i, layer in enumerate(layers):
-            out += [(f"layers.{i}.{f}", _parts(getattr(layer, f))) for f in _LAYER_FIELDS]
-    except (AttributeError, TypeError):
+    named = getattr(model, "named_tensors", None)
+    if named is None:
         return None
+    from pagedattn.model.architecture import architecture_of
+
+    config = model.config
+    out = [(name, _parts(t)) for name, t in named()]
+    roles = set(architecture_of(config).layer_roles)
+    for i in range(config.num_layers):
+        got = {n.removeprefix(f"layers.{i}.") for n, _ in out if n.startswith(f"layers.{i}.")}
+        if got != roles:
+            raise ValueError(
+                f"weights fingerprint: layer {i} holds {sorted(got)}, but the "
+                f"{config.architecture} table loads {sorted(roles)}"
+            )
     return out
 
 

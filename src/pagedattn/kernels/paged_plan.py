@@ -103,6 +103,7 @@ def plan_decode(
     *,
     sliding_window: int | None = None,
     num_sink_tokens: int = 0,
+    scale: float | None = None,
 ) -> DecodePlan:
     """Validate decode metadata once (the checks of ``paged_attention_decode``) and fix the
     flash-decoding splits (:func:`~pagedattn.kernels.paged.decode_splits`).
@@ -112,7 +113,8 @@ def plan_decode(
         context_lens: integer (num_seqs,).
         cache_shape: one layer's (num_pages, num_kv_heads, page_size, head_dim), head_dim
             without an int8 pool's scale bytes.
-        sliding_window, num_sink_tokens: as in ``paged_attention_decode``.
+        sliding_window, num_sink_tokens, scale: as in ``paged_attention_decode`` (a layer's own
+            window and attention scale; scale None for ``1 / sqrt(head_dim)``).
 
     Raises:
         ValueError: as ``paged_attention_decode`` for these arguments.
@@ -124,7 +126,7 @@ def plan_decode(
     ctx = int_array("context_lens", context_lens, (num_seqs,), "(num_seqs,)")
     check_pages(tables, ctx, None, page_size, num_pages, sliding_window, num_sink_tokens)
     splits, num_splits = split_counts(ctx, sliding_window)
-    scale = np.float32(1.0 / math.sqrt(head_dim))
+    scale32 = np.float32(1.0 / math.sqrt(head_dim) if scale is None else scale)
     return DecodePlan(
         tables,
         ctx,
@@ -132,7 +134,7 @@ def plan_decode(
         num_splits,
         window,
         num_sink_tokens,
-        scale,
+        scale32,
         tuple(cache_shape),  # type: ignore[arg-type]
     )
 
@@ -144,7 +146,8 @@ def decode_planned(
     k_cache: F32Array,
     v_cache: F32Array,
 ) -> F32Array:
-    """``paged_attention_decode`` (default scale) on a planned step, bitwise the same.
+    """``paged_attention_decode`` (the plan's window and scale) on a planned step, bitwise the
+    same.
 
     Args:
         plan: from :func:`plan_decode`.

@@ -3,7 +3,7 @@ agree.
 
 | backend | model |
 |---|---|
-| ``numpy`` / ``cpu`` | :class:`pagedattn.model.llama.LlamaModel` (GGUF blocks in place, Numba) |
+| ``numpy`` / ``cpu`` | :class:`pagedattn.model.decoder.DecoderModel` (GGUF blocks, Numba) |
 | ``torch`` / ``cpu``, ``cuda`` | :class:`pagedattn.model.torch_model.TorchLlamaModel` |
 | ``cupy`` / ``cuda`` | none: CuPy serves ``KVStream`` and the kernels; refused here |
 """
@@ -54,7 +54,7 @@ def build_model(
         dtype: torch weight / activation dtype (``float32``, ``float16``, ``bfloat16``); the
             NumPy backend computes in float32 only.
         activations: ``float32`` or ``int8`` (numpy only: see
-            :class:`pagedattn.model.llama.LlamaModel`).
+            :class:`pagedattn.model.decoder.DecoderModel`).
 
     Raises:
         BackendError: cupy; ValueError: a dtype other than float32 on numpy, int8
@@ -63,9 +63,9 @@ def build_model(
     if spec.name == "numpy":
         if dtype != "float32":
             raise ValueError(f"dtype: backend numpy computes in float32, got {dtype!r}")
-        from pagedattn.model.llama import LlamaModel
+        from pagedattn.model.decoder import DecoderModel
 
-        return LlamaModel.from_loaded(loaded, activations)
+        return DecoderModel.from_loaded(loaded, activations)
     if activations != "float32":
         raise ValueError(
             f"activations: {activations} runs on the numpy backend only (got {spec.name})"

@@ -4,13 +4,18 @@ A decode step of a 135M model is ~12 short operations per layer; called one by o
 each pays its wrapper's checks, a NumPy allocation and a Numba dispatch (~4-15 us each on a
 2-core VM), which added up to several milliseconds per token. :func:`decode_layer` runs the
 whole layer (RMSNorm, q|k|v, RoPE, write_kv, paged decode attention, o, RMSNorm, gate|up,
-SwiGLU, down, both residual adds) in one call on arguments the caller validated once per step.
+SwiGLU, down, both residual adds) in one call on arguments the caller validated once per step,
+with the family's optional parts (:mod:`pagedattn.model.architecture`: q/k/v bias, per-head
+q/k RMSNorm, the attention and MLP output norms, tanh-GELU) passed as arrays or None: Numba
+compiles one specialization per combination and prunes the absent parts, so a Llama layer
+runs the same code as before they existed. The layer's sliding window and attention scale come
+with its decode plan, its RoPE tables with ``cos`` / ``sin``.
 
 It calls the very kernels the step-by-step path calls, in the same order, on the same values
 (:func:`~pagedattn.model.block_dot.qmatmul_blocks` with the same parts and launch, or the
 int8 path's ``project_int8``, the row ops' serial kernels, RoPE's product-then-difference
 loop, ``scatter_kv``, ``decode_attention`` with the step's flash-decoding splits), so its results
-are bitwise those of :meth:`pagedattn.model.llama.LlamaModel.forward`'s general path; the
+are bitwise those of :meth:`pagedattn.model.decoder.DecoderModel.forward`'s general path; the
 batch-invariance tests compare the two (a sequence alone takes this path, in a batch of three
 the general one). Fusion in the sense of llama.cpp's one graph per step (``llama_decode``),
 not of merged arithmetic.
@@ -34,6 +39,7 @@ from pagedattn.kernels.paged_decode_numba import decode_attention
 from pagedattn.kernels.rope import rope_into
 from pagedattn.kernels.write_kv_numba import scatter_kv
 from pagedattn.model.block_dot import qmatmul_blocks
+from pagedattn.model.gelu_ops import gelu_mul_serial
 from pagedattn.model.row_ops import rms_norm_serial, silu_mul_serial
 
 
@@ -99,6 +105,12 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     scale,
     window,
     num_sink,
+    qkv_bias,
+    q_norm,
+    k_norm,
+    post_attn_norm,
+    post_mlp_norm,
+    gelu,
 ):
     """``x += attention block; x += MLP block`` for the T decode rows of ``x``.
 
@@ -110,7 +122,9 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     (T, D/2) float32 RoPE tables; keep, pages, offsets: the step's slot plan; k_cache, v_cache:
     this layer's (num_pages, nkv, page_size, D) pool (float32, float16 bits, or int8 D + 4
     wide); tables, ctx, splits, num_splits, scale, window, num_sink: the step's validated
-    decode plan (one sequence per row, no sink re-rotation).
+    decode plan (one sequence per row, no sink re-rotation); qkv_bias ((nh + 2 nkv) * D,),
+    q_norm, k_norm (D,), post_attn_norm, post_mlp_norm (H,): float32 or None where the family
+    has none; gelu: None (SwiGLU) or True (tanh-GELU GLU).
     """
     rows, hidden = x.shape
     num_kv = k_cache.shape[1]
@@ -121,9 +135,20 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
     _project(h, int8, bq, bk, bv, qkv_kinds, 3, qkv)
+    if qkv_bias is not None:
+        for r in range(rows):
+            qkv[r] += qkv_bias
     q = np.ascontiguousarray(qkv[:, :q_width]).reshape((rows, num_heads, head_dim))
     k = np.ascontiguousarray(qkv[:, q_width : q_width + kv_width])
     v = np.ascontiguousarray(qkv[:, q_width + kv_width :]).reshape((rows, num_kv, head_dim))
+    if q_norm is not None:
+        qn = np.empty((rows * num_heads, head_dim), np.float32)
+        rms_norm_serial(q.reshape((rows * num_heads, head_dim)), q_norm, eps, qn)
+        q = qn.reshape((rows, num_heads, head_dim))
+    if k_norm is not None:
+        kn = np.empty((rows * num_kv, head_dim), np.float32)
+        rms_norm_serial(k.reshape((rows * num_kv, head_dim)), k_norm, eps, kn)
+        k = kn.reshape((rows, kv_width))
     q_rot = np.empty_like(q)
     k_rot = np.empty((rows, num_kv, head_dim), np.float32)
     rope_into(q, cos, sin, q_rot)
@@ -134,14 +159,27 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     )
     o = np.empty((rows, hidden), np.float32)
     _project(attn.reshape((rows, q_width)), int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o)
-    x += o
+    if post_attn_norm is not None:
+        on = np.empty((rows, hidden), np.float32)
+        rms_norm_serial(o, post_attn_norm, eps, on)
+        x += on
+    else:
+        x += o
     rms_norm_serial(x, mlp_norm, eps, h)
     inter = bg.shape[0]
     gate_up = np.empty((rows, 2 * inter), np.float32)
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
     _project(h, int8, bg, bu, bu, kind3, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
-    silu_mul_serial(gate_up, act)
+    if gelu is None:
+        silu_mul_serial(gate_up, act)
+    else:
+        gelu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
     _project(act, int8, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
-    x += down
+    if post_mlp_norm is not None:
+        dn = np.empty((rows, hidden), np.float32)
+        rms_norm_serial(down, post_mlp_norm, eps, dn)
+        x += dn
+    else:
+        x += down

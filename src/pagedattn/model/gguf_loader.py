@@ -2,10 +2,13 @@
 
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, parsed by :mod:`.gguf_header`
 (tensors other than F32 / F16 / F64 and the block forms of :data:`.quantized.SUPPORTED` are
-dequantized with ``gguf.quants.dequantize`` when looked up). llama.cpp's converter permutes the
-rows of ``attn_q`` / ``attn_k`` so that its interleaved ("GPT-J") RoPE matches the rotate-half
-RoPE of the Hugging Face checkpoint; :func:`reverse_permute` undoes that exactly as transformers'
-GGUF integration does, so our weights are in HF layout and we use HF's rotate-half RoPE.
+dequantized with ``gguf.quants.dequantize`` when looked up). Names, fused tensors and which
+families' q/k rows were permuted come from :mod:`.architecture`. For Llama (and Mistral, which
+it converts as Llama) llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k`` so that
+its interleaved ("GPT-J") RoPE matches the rotate-half RoPE of the Hugging Face checkpoint;
+:func:`reverse_permute` undoes that exactly as transformers' GGUF integration does. Its other
+families (Qwen2, Qwen3, Phi-3, Gemma 3) use NeoX (rotate-half) RoPE and are written unpermuted.
+Either way our weights are in HF layout and we use HF's rotate-half RoPE.
 """
 
 from __future__ import annotations
@@ -18,42 +21,52 @@ from typing import Any
 import numpy as np
 
 from pagedattn.config import ModelConfig
+from pagedattn.model.arch_config import gguf_layer_numerics
+from pagedattn.model.architecture import (
+    ARCHITECTURES,
+    GLOBAL_ROLES,
+    architecture,
+    architecture_of,
+    role_shapes,
+)
 from pagedattn.model.gguf_header import GGUFFile, GGUFTensorInfo, read_gguf
 from pagedattn.model.quantized import SUPPORTED as QUANTIZED_TYPES
 from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 
-# GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.").
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 # Llama-3.1 RoPE frequency divisors (head_dim / 2,), written by llama.cpp's converter for
 # ``rope_scaling: {rope_type: llama3}``; read into ModelConfig.rope_freq_factors.
 ROPE_FREQS = "rope_freqs.weight"
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """Hugging Face name of a GGUF tensor, or None for tensors a Llama forward does not use."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    return None
+def tensor_map(config: ModelConfig) -> dict[str, list[tuple[str, int, int, int | None]]]:
+    """GGUF tensor name -> the tensors it holds under their ``LoadedModel.weights`` names:
+    ``(name, first row, end row, heads to un-permute or None)`` (Phi-3's fused tensors give
+    several; q/k of families llama.cpp permuted carry their head count), from the table."""
+    arch = architecture_of(config)
+    shapes = role_shapes(config)
+    out: dict[str, list[tuple[str, int, int, int | None]]] = {
+        arch.gguf_name(role): [(arch.hf_name(role), 0, config.vocab_size, None)]
+        for role in GLOBAL_ROLES
+    }
+    permuted = {"q": config.num_heads, "k": config.num_kv_heads} if arch.gguf_permuted_qk else {}
+    fused_roles = {r for roles in arch.gguf_fused.values() for r in roles}
+    for i in range(config.num_layers):
+        for role in arch.layer_roles:
+            if role not in fused_roles:
+                rows = shapes[role][0]
+                entry = (arch.hf_name(role, i), 0, rows, permuted.get(role))
+                out[arch.gguf_name(role, i)] = [entry]
+        for suffix, roles in arch.gguf_fused.items():
+            parts: list[tuple[str, int, int, int | None]] = []
+            start = 0
+            for role in roles:
+                rows = shapes[role][0]
+                parts.append((arch.hf_name(role, i), start, start + rows, None))
+                start += rows
+            out[f"blk.{i}.{suffix}"] = parts
+    return out
 
 
 def reverse_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -117,16 +130,17 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (``{arch}.block_count`` etc.).
 
     Raises:
-        ValueError: unsupported architecture, missing required key, unsupported RoPE scaling
-            (``rope.scaling.type`` linear / yarn / longrope with a factor other than 1), partial
-            rotary dimension, or a ``rope_freqs.weight`` not of shape (head_dim / 2,) with
-            positive values.
+        ValueError: an architecture not in :mod:`.architecture`, a missing required key,
+            unsupported RoPE scaling (``rope.scaling.type`` yarn / longrope with a factor other
+            than 1; linear runs), partial rotary dimension, a ``rope_freqs.weight`` not of
+            shape (head_dim / 2,) with positive values, or a bad sliding window (0, beyond the
+            context, a per-layer pattern of the wrong length).
     """
     arch = field_value(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{path}: unsupported architecture {arch!r}; supported: {list(SUPPORTED_ARCHITECTURES)}"
-        )
+    try:
+        family = architecture(str(arch))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
     def req(key: str) -> Any:
         value = field_value(reader, f"{arch}.{key}")
@@ -136,10 +150,15 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
 
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
     factor = float(field_value(reader, f"{arch}.rope.scaling.factor", 1.0))
-    if scaling not in ("none", "") and factor != 1.0:
+    if scaling not in ("none", "", "linear") and factor != 1.0:
         raise ValueError(f"{path}: RoPE scaling {scaling!r} (factor {factor}) is not supported")
     hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
     head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    value_dim = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise ValueError(
+            f"{path}: attention.value_length {value_dim} != key_length {head_dim} is not supported"
+        )
     rot = int(field_value(reader, f"{arch}.rope.dimension_count", head_dim))
     if rot != head_dim:
         raise ValueError(
@@ -147,6 +166,17 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
             "is not supported"
         )
     factors = _rope_freq_factors(reader, path, head_dim)
+    rope_scaling = "" if factors is None else "rope_freqs"
+    if scaling == "linear" and factor != 1.0:
+        if factors is not None:
+            raise ValueError(f"{path}: linear RoPE scaling and rope_freqs.weight together")
+        factors, rope_scaling = (factor,) * (head_dim // 2), "linear"
+    num_layers, context = int(req("block_count")), int(req("context_length"))
+    prefix = f"{arch}."
+    meta = {k.removeprefix(prefix): v for k, v in reader.metadata.items() if k.startswith(prefix)}
+    numerics = gguf_layer_numerics(
+        family, meta, num_layers, context, hidden, heads, head_dim, str(path)
+    )
     tokens = reader.get("tokenizer.ggml.tokens")
     vocab = field_value(reader, f"{arch}.vocab_size")
     if vocab is None and tokens is not None:
@@ -157,20 +187,21 @@ def gguf_config(reader: GGUFFile, path: Path) -> ModelConfig:
         vocab_size=int(vocab) if vocab is not None else 0,
         hidden_size=hidden,
         intermediate_size=int(req("feed_forward_length")),
-        num_layers=int(req("block_count")),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=int(field_value(reader, f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
         rope_theta=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(req("attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(req("context_length")),
+        max_position_embeddings=context,
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         bos_token_id=None if bos is None else int(bos),
         eos_token_id=None if eos is None else int(eos),
         architecture=str(arch),
         name=str(field_value(reader, "general.name", path.stem)),
-        rope_scaling="" if factors is None else "rope_freqs",
+        rope_scaling=rope_scaling,
         rope_freq_factors=factors,
+        **numerics,
     )
 
 
@@ -220,41 +251,56 @@ def gguf_weights(
     mapping holds the other tensors and dequantizes a quantized one only when it is looked up.
     Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q2_K, IQ4_NL...).
 
+    Tensor names, fused tensors (split by rows) and the q/k un-permutation (only for families
+    llama.cpp's converter permuted) come from :func:`tensor_map`.
+
     Raises:
-        ValueError: a tensor type the ``gguf`` package cannot dequantize, or a tensor a Llama
-            forward does not use (named: a bias, ``rope_factors_long``...; ``rope_freqs.weight``
-            is read by :func:`gguf_config`), which we refuse rather than silently ignore.
+        ValueError: a tensor type the ``gguf`` package cannot dequantize, a fused tensor whose
+            rows do not match its parts, or a tensor the family's forward does not use (named:
+            a bias of a family without one, ``rope_factors_long``...; ``rope_freqs.weight`` is
+            read by :func:`gguf_config`), which we refuse rather than silently ignore.
     """
 
-    def to_float(tensor: GGUFTensorInfo, num_heads: int | None) -> np.ndarray:
+    def to_float(
+        tensor: GGUFTensorInfo, rows: tuple[int, int], num_heads: int | None
+    ) -> np.ndarray:
         w = tensor_to_float32(tensor)  # GGUF lists dims fastest-first; numpy slowest-first
+        if (rows[0], rows[1]) != (0, w.shape[0]):
+            w = w[rows[0] : rows[1]]
         return np.ascontiguousarray(w if num_heads is None else reverse_permute(w, num_heads))
 
     arrays: dict[str, np.ndarray] = {}
     lazy: dict[str, Callable[[], np.ndarray]] = {}
     quantized: dict[str, BlockQuantized] = {}
-    heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
+    names = tensor_map(config)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
         if tensor.name == ROPE_FREQS:
             continue
-        if name is None:
+        parts = names.get(tensor.name)
+        if parts is None:
             raise ValueError(
                 f"unsupported GGUF tensor {tensor.name!r} (not part of a {config.architecture} "
                 "forward this loader runs); refusing to ignore it"
             )
-        num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
         shape = tuple(int(d) for d in tensor.shape[::-1])
         kind = tensor.type_name
-        if kind in QUANTIZED_TYPES and len(shape) == 2:
-            block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
-            if num_heads is not None:
-                rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
-                block = block.take_rows(rows)
-            quantized[name] = block
-            lazy[name] = partial(to_float, tensor, num_heads)
-        else:
-            arrays[name] = to_float(tensor, num_heads)
+        if len(parts) > 1 and parts[-1][2] != shape[0]:
+            raise ValueError(
+                f"tensor {tensor.name!r} has shape {shape}; its parts need {parts[-1][2]} rows"
+            )
+        for name, start, end, num_heads in parts:
+            if kind in QUANTIZED_TYPES and len(shape) == 2:
+                block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
+                if num_heads is not None:
+                    rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
+                    block = block.take_rows(rows)
+                elif len(parts) > 1:  # a fused tensor's rows: a view of the file
+                    block = BlockQuantized(block.blocks[start:end], block.type_name)
+                quantized[name] = block
+                lazy[name] = partial(to_float, tensor, (start, end), num_heads)
+            else:
+                span = (start, end) if len(parts) > 1 else (0, shape[0])
+                arrays[name] = to_float(tensor, span, num_heads)
     return LazyWeights(arrays, lazy), quantized
 
 

@@ -14,10 +14,22 @@ from typing import Any
 import numpy as np
 
 from pagedattn.config import ModelConfig
-from pagedattn.kernels.rope import llama3_freq_factors
-from pagedattn.model.weights import expected_weight_shapes
+from pagedattn.model.arch_config import hf_layer_numerics
+from pagedattn.model.architecture import (
+    HF_MODEL_TYPES,
+    NORM_ROLES,
+    architecture_of,
+    expected_weight_shapes,
+    role_shapes,
+)
 
-SUPPORTED_MODEL_TYPES = ("llama",)
+SUPPORTED_MODEL_TYPES = tuple(sorted(HF_MODEL_TYPES))
+_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
 
 
 def read_config_json(folder: Path) -> dict[str, Any]:
@@ -46,82 +58,99 @@ def _first_int(value: Any) -> int | None:
 
 def hf_config(raw: dict[str, Any], folder: Path) -> ModelConfig:
     """ModelConfig from a ``config.json`` dict (transformers 4.x ``rope_theta``/``rope_scaling`` or
-    5.x ``rope_parameters``).
+    5.x ``rope_parameters``, per layer type for Gemma 3); a multimodal Gemma 3 config's
+    ``text_config`` is read.
 
     Raises:
-        ValueError: unsupported model type, biases, RoPE scaling other than default and
-            ``llama3`` (whose frequency divisors go to ``rope_freq_factors``), partial RoPE, or a
-            missing key.
+        ValueError: a model type not in :mod:`.architecture`, a bias or activation the family
+            does not have, RoPE scaling other than default, linear and ``llama3``, partial RoPE,
+            a bad sliding window or ``layer_types`` list, or a missing key.
     """
+    if raw.get("model_type") == "gemma3" and isinstance(raw.get("text_config"), dict):
+        raw = {"model_type": "gemma3_text", **raw["text_config"]}
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    arch = HF_MODEL_TYPES.get(str(model_type))
+    if arch is None:
         raise ValueError(
             f"{folder}: unsupported architecture {model_type!r} "
-            f"(architectures={raw.get('architectures')}); supported: {list(SUPPORTED_MODEL_TYPES)}"
+            f"(architectures={raw.get('architectures')}); supported: {sorted(HF_MODEL_TYPES)}"
         )
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise ValueError(f"{folder}: {flag}=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{folder}: hidden_act {raw['hidden_act']!r} is not supported (silu only)")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None, "llama3"):
+    if raw.get("attention_bias") and not arch.qkv_bias:
+        raise ValueError(f"{folder}: attention_bias=true is not supported for {model_type}")
+    if raw.get("mlp_bias"):
+        raise ValueError(f"{folder}: mlp_bias=true is not supported")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if _ACTIVATIONS.get(act) != arch.activation:
         raise ValueError(
-            f"{folder}: RoPE scaling {rope_type!r} is not supported (default and llama3 only)"
+            f"{folder}: hidden activation {act!r} is not supported for {model_type} "
+            f"({arch.activation} only)"
         )
-    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if float(partial) != 1.0:
-        raise ValueError(
-            f"{folder}: partial RoPE (partial_rotary_factor {partial}) is not supported"
-        )
-    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or hidden // heads)
-        factors = None
-        if rope_type == "llama3":
-            factors = llama3_freq_factors(
-                head_dim,
-                float(theta),
-                factor=float(_rope_key(rope, "factor", folder)),
-                low_freq_factor=float(_rope_key(rope, "low_freq_factor", folder)),
-                high_freq_factor=float(_rope_key(rope, "high_freq_factor", folder)),
-                original_max_position_embeddings=int(
-                    _rope_key(rope, "original_max_position_embeddings", folder)
-                ),
-            )
+        num_layers = int(raw["num_hidden_layers"])
+        context = int(raw.get("max_position_embeddings", 2048))
+        numerics = hf_layer_numerics(arch, raw, num_layers, context, head_dim, folder)
         return ModelConfig(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=head_dim,
-            rope_theta=float(theta),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position_embeddings=context,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch.name == "gemma3")),
             bos_token_id=_first_int(raw.get("bos_token_id")),
             eos_token_id=_first_int(raw.get("eos_token_id")),
-            architecture=str(model_type),
+            architecture=arch.name,
             name=str(raw.get("_name_or_path") or folder.name),
-            rope_scaling="" if factors is None else "llama3",
-            rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
+            **numerics,
         )
     except KeyError as exc:
         raise ValueError(f"{folder}/config.json: missing key {exc.args[0]!r}") from None
 
 
-def _rope_key(rope: dict[str, Any], key: str, folder: Path) -> Any:
-    if rope.get(key) is None:
-        raise ValueError(f"{folder}/config.json: llama3 RoPE scaling without {key!r}")
-    return rope[key]
+def to_table_layout(config: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A checkpoint's tensors as the forward reads them: fused tensors split by rows into
+    their roles (Phi-3), and the family's norm offset added to every norm (Gemma's ``1 + w``).
+
+    Raises:
+        ValueError: a fused tensor whose rows do not match its parts.
+    """
+    arch = architecture_of(config)
+    shapes = role_shapes(config)
+    out = dict(weights)
+    for i in range(config.num_layers):
+        for suffix, roles in arch.hf_fused.items():
+            name = f"model.layers.{i}.{suffix}"
+            if name not in out:
+                continue
+            fused = out.pop(name)
+            rows = [shapes[r][0] for r in roles]
+            if fused.shape[0] != sum(rows):
+                raise ValueError(
+                    f"tensor {name!r} has shape {fused.shape}; expected {sum(rows)} rows"
+                )
+            start = 0
+            for role, n in zip(roles, rows, strict=True):
+                out[arch.hf_name(role, i)] = np.ascontiguousarray(fused[start : start + n])
+                start += n
+    if arch.hf_norm_offset:
+        offset = np.float32(arch.hf_norm_offset)
+        names = [arch.hf_name("final_norm")] + [
+            arch.hf_name(r, i) for i in range(config.num_layers) for r in NORM_ROLES
+            if r in arch.layer_roles
+        ]  # fmt: skip
+        for name in names:
+            if name in out:
+                out[name] = out[name] + offset
+    return out
 
 
 def check_extra_tensors(config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
-    """Refuse tensors a Llama forward would not use, rather than silently dropping them (a
+    """Refuse tensors the family's forward would not use, rather than silently dropping them (a
     bias, a LoRA delta, RoPE buffers of another scheme...). Tolerated: ``lm_head.weight`` equal
     to the tied embedding, and ``rotary_emb.inv_freq`` buffers equal to our frequencies.
 
@@ -141,8 +170,8 @@ def check_extra_tensors(config: ModelConfig, weights: dict[str, np.ndarray], sou
         if name.endswith("rotary_emb.inv_freq") and np.allclose(w, inv_freq, rtol=1e-5, atol=0):
             continue
         raise ValueError(
-            f"{source}: unexpected tensor {name!r} of shape {w.shape} (not used by a Llama "
-            "forward with this config); refusing to run without it"
+            f"{source}: unexpected tensor {name!r} of shape {w.shape} (not used by a "
+            f"{config.architecture} forward with this config); refusing to run without it"
         )
 
 

