@@ -174,7 +174,7 @@ def create_app(
         """OpenAI Responses API: text in, text out (:mod:`pagedattn.server.responses_api`)."""
         return await responses.respond(raw, request)
 
-    add_tokenizer_routes(app, serving.served, auth, _ERRORS)
+    add_tokenizer_routes(app, serving.served, serving.prepare.limits, auth, _ERRORS)
     return app
 
 
