@@ -22,6 +22,7 @@ from pagedattn.server.batch_prompts import (
     prepare_prompts,
 )
 from pagedattn.server.batch_sse import batch_sse_events
+from pagedattn.server.constraint_check import check_satisfiable
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body
@@ -131,6 +132,14 @@ class OpenAIServing:
         prompt: a processor holds its request's grammar state). Blocking. Raises APIError."""
         tool_spec = prepared.tools.spec if prepared.tools is not None else None
         processors = self.structured.processors(req, tool_spec)
+        engine = self.engine
+        check_satisfiable(
+            prepared.params,
+            processors,
+            engine.vocab_size,
+            engine.model_config.vocab_size,
+            engine.scheduler.eos_token_ids,
+        )
         if not processors:
             return prepared
         params = prepared.params
