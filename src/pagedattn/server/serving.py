@@ -122,8 +122,14 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_failure(final)
         build = chat_response if chat else completion_response
-        response = build(final, request_id, model_name, prepared, self.token_text)
-        return JSONResponse(p.dump(response))
+
+        def reply() -> JSONResponse:
+            response = build(final, request_id, model_name, prepared, self.token_text)
+            return JSONResponse(p.dump(response))
+
+        # a reply with (prompt) logprobs of a long prompt is megabytes of JSON: built and
+        # serialised on a worker thread, so the event loop (/health, other streams) runs on
+        return await run_in_threadpool(reply)
 
     def constrained(
         self, req: p.CompletionRequest | p.ChatCompletionRequest, prepared: Prepared
@@ -186,8 +192,14 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         for final in finals:
             _raise_failure(final)
-        response = batch_completion_response(finals, batch, request_id, model_name, self.token_text)
-        return JSONResponse(p.dump(response))
+
+        def reply() -> JSONResponse:
+            response = batch_completion_response(
+                finals, batch, request_id, model_name, self.token_text
+            )
+            return JSONResponse(p.dump(response))
+
+        return await run_in_threadpool(reply)  # off the event loop, as a single reply
 
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens included)."""
