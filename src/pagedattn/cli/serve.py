@@ -73,6 +73,17 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 4 * 1024 * 1024,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            min=0.001,
+            metavar="SECONDS",
+            help="Seconds a client has to send a request's headers; then a 408 and the "
+            "connection is closed (slow-header clients cannot hold connections).",
+            rich_help_panel=SERVER,
+        ),
+    ] = 10.0,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -178,4 +189,12 @@ def serve(
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
         raise typer.Exit(code=2) from exc
-    uvicorn.run(server_app, host=host, port=port, log_level=log_level)
+    from pagedattn.server.header_timeout import header_timeout_protocol
+
+    uvicorn.run(
+        server_app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=header_timeout_protocol(header_timeout_s),
+    )
