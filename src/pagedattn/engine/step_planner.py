@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
-from pagedattn.engine.request_queues import RequestQueues
+from pagedattn.engine.request_queues import RequestQueues, may_admit
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.spec.drafter import Drafter
@@ -80,7 +80,8 @@ class StepPlanner:
             budget -= n
             i += 1
         if not preempted:
-            while waiting and len(running) < self.config.max_num_seqs and budget > 0:
+            limit = self.config.max_num_seqs
+            while waiting and may_admit(len(running), waiting[0], limit) and budget > 0:
                 seq = waiting[0]
                 n = self.admit(seq, budget)
                 if n == 0:
