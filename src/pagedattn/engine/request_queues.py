@@ -19,11 +19,12 @@ def seats(seq: Sequence) -> int:
     return 1 + len(seq.fork_children)
 
 
-def may_admit(num_running: int, seq: Sequence, max_num_seqs: int) -> bool:
-    """Whether the first waiting sequence may start beside ``num_running`` others: all its
-    :func:`seats` must fit ``max_num_seqs`` (a request of ``n`` choices is counted whole, so
-    that its forks never push the batch past the limit); alone it always may (progress)."""
-    return num_running == 0 or num_running + seats(seq) <= max_num_seqs
+def may_admit(occupied: int, seq: Sequence, max_num_seqs: int) -> bool:
+    """Whether the first waiting sequence may start while ``occupied`` seats are taken (the
+    :func:`seats` of every running sequence, forks not made yet included): all its seats must
+    fit ``max_num_seqs`` (a request of ``n`` choices is counted whole, so that its forks never
+    push the batch past the limit); into an empty batch it always may (progress)."""
+    return occupied == 0 or occupied + seats(seq) <= max_num_seqs
 
 
 class RequestQueues:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
-from pagedattn.engine.request_queues import RequestQueues, may_admit
+from pagedattn.engine.request_queues import RequestQueues, may_admit, seats
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.spec.drafter import Drafter
@@ -81,11 +81,13 @@ class StepPlanner:
             i += 1
         if not preempted:
             limit = self.config.max_num_seqs
-            while waiting and may_admit(len(running), waiting[0], limit) and budget > 0:
+            occupied = sum(map(seats, running))
+            while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
                 seq = waiting[0]
                 n = self.admit(seq, budget)
                 if n == 0:
                     break
+                occupied += seats(seq)
                 journal.admitted.append(seq)
                 journal.scheduled.append(self.reserve(seq, n))
                 budget -= n
