@@ -73,6 +73,16 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 4 * 1024 * 1024,
+    max_seqs_per_request: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Most sequences (prompts x n) one request may ask for; more is a 400. "
+            "Default: 4 x --max-num-seqs.",
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
     header_timeout_s: Annotated[
         float,
         typer.Option(
@@ -184,6 +194,7 @@ def serve(
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
+            max_seqs_per_request=max_seqs_per_request,
             **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:

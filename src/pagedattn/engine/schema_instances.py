@@ -147,9 +147,15 @@ def prune_infinite(schema: Any) -> Any:
     analysis = _Analysis(schema)
     analysis.run()
     if not analysis.node(schema):
+        path = _loop(analysis, schema, "")
+        why = (
+            "it only refers to itself"
+            if path == "/"
+            else f"{path} is required and never ends; make that part optional or give it a "
+            "non-recursive branch"
+        )
         raise NoFiniteInstanceError(
-            f"the schema has no finite instance ({_loop(analysis, schema, '')} is required "
-            "and never ends); make that part optional or give it a non-recursive branch"
+            f"the schema admits no output: it has no finite instance ({why})"
         )
     out = copy.deepcopy(schema)
     _prune(analysis, out, 0)

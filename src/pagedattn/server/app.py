@@ -52,6 +52,7 @@ def create_app(
     health_stall_s: float = 60.0,
     engine_client: EngineClient | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_seqs_per_request: int | None = None,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -71,6 +72,8 @@ def create_app(
         max_request_bytes: the largest request body; a larger one is a 413, refused as soon
             as its ``Content-Length`` or the bytes read so far pass the limit (the body is
             read in the ASGI server's chunks and never held whole).
+        max_seqs_per_request: most prompts x ``n`` one request may ask for (a 400 naming ``n``
+            or ``prompt`` past it); None = four times the engine's ``max_num_seqs``.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -86,7 +89,9 @@ def create_app(
         async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
     else:
         async_engine, metrics = engine_client, engine_client.metrics
-    serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
+    serving = OpenAIServing(
+        async_engine, names[0], default_max_tokens, names[1:], max_seqs_per_request
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -186,6 +191,7 @@ def build_app(
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_seqs_per_request: int | None = None,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model and build its app (what ``pagedattn serve`` runs).
@@ -194,8 +200,8 @@ def build_app(
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
-        api_key, default_max_tokens, health_stall_s, max_request_bytes: see
-            :func:`create_app`.
+        api_key, default_max_tokens, health_stall_s, max_request_bytes, max_seqs_per_request:
+            see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -217,4 +223,5 @@ def build_app(
         default_max_tokens=default_max_tokens,
         health_stall_s=health_stall_s,
         max_request_bytes=max_request_bytes,
+        max_seqs_per_request=max_seqs_per_request,
     )

@@ -47,6 +47,7 @@ class OpenAIServing:
             or longer.
         aliases: more names clients may pass as ``model`` (``--served-model-name`` repeated);
             a response names the model as the request did.
+        max_seqs_per_request: most prompts x ``n`` per request (:mod:`pagedattn.server.limits`).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class OpenAIServing:
         model_name: str,
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),
+        max_seqs_per_request: int | None = None,
     ) -> None:
         self.async_engine = async_engine
         self.engine: LLMEngine = async_engine.engine
@@ -68,7 +70,9 @@ class OpenAIServing:
             self.engine.tokenizer,
             lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
-        self.prepare = RequestPreparer(self.engine, self.served, default_max_tokens, tool_planner)
+        self.prepare = RequestPreparer(
+            self.engine, self.served, default_max_tokens, tool_planner, max_seqs_per_request
+        )
 
     async def respond(
         self, raw: Request, req: p.CompletionRequest | p.ChatCompletionRequest
