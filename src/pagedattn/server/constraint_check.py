@@ -2,8 +2,8 @@
 
 Each constraint alone may be fine; together they can leave nothing to sample:
 
-- ``logit_bias`` of -100 (a ban) on every id, or on every id a structured-output constraint
-  allows first (``guided_choice: ["yes"]`` with the tokens that start "yes" banned);
+- ``logit_bias`` of -100 (a ban) on every id (or every id ``allowed_token_ids`` keeps), or on
+  every id a structured-output constraint allows first (``guided_choice: ["yes"]`` with the tokens that start "yes" banned);
 - ``min_tokens`` against a closed ``guided_choice`` whose every choice is shorter (in bytes,
   the most tokens a choice can take) than ``min_tokens``: the output completes before
   ``min_tokens`` and end-of-sequence is then the only token left.
@@ -48,6 +48,10 @@ def check_satisfiable(
     guided_field = next((pr.spec.field for pr in guided if pr.spec is not None), None)
     _check_min_tokens(params, guided)
     allowed = np.arange(width) < num_tokens
+    if params.allowed_token_ids is not None:
+        only = np.zeros(width, dtype=bool)
+        only[[t for t in params.allowed_token_ids if 0 <= t < width]] = True
+        allowed &= only
     grammar_allowed = allowed.copy()
     for pr in guided:
         grammar_allowed &= pr.allowed([])
@@ -62,6 +66,8 @@ def check_satisfiable(
     if (grammar_allowed & ~banned & ~ends).any():
         return
     fields = [f for f, hit in (("logit_bias", (grammar_allowed & banned).any()),) if hit]
+    if params.allowed_token_ids is not None:
+        fields.append("allowed_token_ids")
     if params.min_tokens > 0 and (grammar_allowed & ends).any():
         fields.append("min_tokens")
     if guided_field is not None:

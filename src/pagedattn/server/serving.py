@@ -47,6 +47,8 @@ class OpenAIServing:
             or longer.
         aliases: more names clients may pass as ``model`` (``--served-model-name`` repeated);
             a response names the model as the request did.
+        max_logprobs: the most logprobs per position a request may ask for; -1 = the whole
+            vocabulary (vLLM's ``--max-logprobs``).
         max_seqs_per_request: most prompts x ``n`` per request (:mod:`pagedattn.server.limits`).
     """
 
@@ -56,6 +58,7 @@ class OpenAIServing:
         model_name: str,
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),
+        max_logprobs: int = 20,
         max_seqs_per_request: int | None = None,
     ) -> None:
         self.async_engine = async_engine
@@ -71,7 +74,12 @@ class OpenAIServing:
             lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
         self.prepare = RequestPreparer(
-            self.engine, self.served, default_max_tokens, tool_planner, max_seqs_per_request
+            self.engine,
+            self.served,
+            default_max_tokens,
+            tool_planner,
+            max_logprobs,
+            max_seqs_per_request,
         )
 
     async def respond(
@@ -97,25 +105,30 @@ class OpenAIServing:
         self.async_engine.start()
         if not self.async_engine.is_running:
             raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
-        request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        request_id = p.random_id(prefix)  # the engine's: unique whatever the client sends
+        response_id = request_id if req.request_id is None else prefix + req.request_id
         if len(batch) > 1:
-            return await self._respond_batch(raw, req, batch, request_id, model_name, arrival_time)
+            return await self._respond_batch(
+                raw, req, batch, (request_id, response_id), model_name, arrival_time
+            )
         prepared = batch[0]
         outputs = self.async_engine.generate(
             prepared.prompt_token_ids, prepared.params, request_id, arrival_time
         )
         if req.stream:
-            usage = req.stream_options is not None and req.stream_options.include_usage
+            usage, continuous = _usage_options(req)
             metrics = self.async_engine.metrics
             body = sse_events(
                 outputs,
-                request_id,
+                response_id,
                 model_name,
                 chat,
                 usage,
                 prepared,
                 self.token_text,
                 on_unexpected=None if metrics is None else metrics.count_unexpected,
+                continuous=continuous,
             )
             return StreamingResponse(body, media_type="text/event-stream")
         try:
@@ -128,7 +141,7 @@ class OpenAIServing:
         build = chat_response if chat else completion_response
 
         def reply() -> JSONResponse:
-            response = build(final, request_id, model_name, prepared, self.token_text)
+            response = build(final, response_id, model_name, prepared, self.token_text)
             return JSONResponse(p.dump(response))
 
         # a reply with (prompt) logprobs of a long prompt is megabytes of JSON: built and
@@ -163,12 +176,14 @@ class OpenAIServing:
         raw: Request,
         req: p.CompletionRequest | p.ChatCompletionRequest,
         batch: list[Prepared],
-        request_id: str,
+        ids: tuple[str, str],
         model_name: str,
         arrival_time: float,
     ) -> JSONResponse | StreamingResponse:
         """Answer a completions request with several prompts
-        (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt."""
+        (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt. ``ids``: the
+        engine's request id and the response's."""
+        request_id, response_id = ids
         streams = [
             self.async_engine.generate(
                 pr.prompt_token_ids, pr.params, f"{request_id}-{k}", arrival_time
@@ -176,16 +191,17 @@ class OpenAIServing:
             for k, pr in enumerate(batch)
         ]
         if req.stream:
-            usage = req.stream_options is not None and req.stream_options.include_usage
+            usage, continuous = _usage_options(req)
             metrics = self.async_engine.metrics
             body = batch_sse_events(
                 streams,
                 batch,
-                request_id,
+                response_id,
                 model_name,
                 usage,
                 self.token_text,
                 on_unexpected=None if metrics is None else metrics.count_unexpected,
+                continuous=continuous,
             )
             return StreamingResponse(body, media_type="text/event-stream")
         try:
@@ -199,7 +215,7 @@ class OpenAIServing:
 
         def reply() -> JSONResponse:
             response = batch_completion_response(
-                finals, batch, request_id, model_name, self.token_text
+                finals, batch, response_id, model_name, self.token_text
             )
             return JSONResponse(p.dump(response))
 
@@ -208,6 +224,14 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens included)."""
         return str(self.engine.tokenizer.decode([token_id], skip_special_tokens=False))
+
+
+def _usage_options(req: p.SamplingFields) -> tuple[bool, bool]:
+    """(a final usage chunk, usage on every chunk): ``stream_options.include_usage`` and, with
+    it, vLLM's ``continuous_usage_stats`` (vLLM's rule: alone it adds nothing)."""
+    options = req.stream_options
+    usage = options is not None and options.include_usage
+    return usage, usage and options is not None and options.continuous_usage_stats
 
 
 def _unavailable(exc: EngineDeadError) -> APIError:
