@@ -3,7 +3,8 @@
 Each constraint alone may be fine; together they can leave nothing to sample:
 
 - ``logit_bias`` of -100 (a ban) on every id (or every id ``allowed_token_ids`` keeps), or on
-  every id a structured-output constraint allows first (``guided_choice: ["yes"]`` with the tokens that start "yes" banned);
+  every id a structured-output constraint allows first (``guided_choice: ["yes"]`` with the
+  tokens that start "yes" banned);
 - ``min_tokens`` against a closed ``guided_choice`` whose every choice is shorter (in bytes,
   the most tokens a choice can take) than ``min_tokens``: the output completes before
   ``min_tokens`` and end-of-sequence is then the only token left.
