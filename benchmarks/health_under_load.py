@@ -97,12 +97,14 @@ def logprobs_case(url: str, tokens: int) -> None:
         )
 
 
-def stream_gaps(url: str, out: list[tuple[float, float]], max_tokens: int) -> None:
-    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
+def stream_gaps(url: str, out: list[tuple[float, float]], stop: threading.Event) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     last = None
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
+            if stop.is_set():
+                break  # closing the stream aborts the request
             if not line.startswith("data: {"):
                 continue
             now = time.perf_counter()
@@ -113,19 +115,24 @@ def stream_gaps(url: str, out: list[tuple[float, float]], max_tokens: int) -> No
 
 
 def prefill_case(url: str, tokens: int, streams: int) -> None:
+    warm = {"prompt": prompt_of(600), "max_tokens": 2, "temperature": 0}
+    httpx.post(f"{url}/v1/completions", json=warm, timeout=600)  # kernels, first chunks
     gaps: list[list[tuple[float, float]]] = [[] for _ in range(streams)]
-    threads = [threading.Thread(target=stream_gaps, args=(url, g, 400)) for g in gaps]
+    stop = threading.Event()
+    threads = [threading.Thread(target=stream_gaps, args=(url, g, stop)) for g in gaps]
     for t in threads:
         t.start()
-    time.sleep(4.0)
+    while min(len(g) for g in gaps) < 30:  # every stream is decoding: the "before" control
+        time.sleep(0.05)
     arrive = time.perf_counter()
     body = {"prompt": prompt_of(tokens), "max_tokens": 1, "temperature": 0}
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
     done = time.perf_counter()
+    stop.set()
     for t in threads:
         t.join()
     before = [g for s in gaps for (t, g) in s if t < arrive]
-    during = [g for s in gaps for (t, g) in s if arrive <= t <= done + 0.5]
+    during = [g for s in gaps for (t, g) in s if arrive <= t <= done]
     print(f"long prompt: {r.json()['usage']['prompt_tokens']} tokens, {done - arrive:.1f} s")
     for label, vals in (("before it arrived", before), ("while it prefilled", during)):
         print(
