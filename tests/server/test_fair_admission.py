@@ -1,7 +1,10 @@
-"""Fair admission on the embedded SmolLM2 (``max_num_seqs`` 16): one request cannot ask for more
+"""Fair admission on the embedded SmolLM2 (``max_num_seqs`` 8): one request cannot ask for more
 sequences than the server runs (a 400 naming ``n`` / ``best_of`` / ``prompt``), the running batch
 never passes ``max_num_seqs`` whatever ``n`` asks, and a stream's longest inter-token gap while a
-request of many prompts x ``n`` runs stays within 3x its longest gap alone (same run)."""
+request of many prompts x ``n`` runs stays within 3x its longest gap alone (same run).
+
+``max_num_seqs`` is 8 so that the bound measures the scheduling, not the cost of a step's rows:
+on a CPU a step of 8 decode rows costs under twice a one-row step; one of 16 already about 3x."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pagedattn.server.app import build_app
 from tests.server.conftest import RunningServer, serve_app
 from tests.server.test_errors import assert_error_shape
 
-MAX_NUM_SEQS = 16
+MAX_NUM_SEQS = 8
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def _stream_gaps(srv: RunningServer, out: list[float], started: threading.Event)
 
 @pytest.mark.model
 def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) -> None:
-    big_request = {"prompt": [f"Story {i}:" for i in range(8)], "n": 8, "max_tokens": 16}
+    big_request = {"prompt": [f"Story {i}:" for i in range(8)], "n": 4, "max_tokens": 16}
     assert _post(srv, **big_request).status_code == 200  # a warm server (kernels, caches)
     alone: list[float] = []
     _stream_gaps(srv, alone, threading.Event())
@@ -89,7 +92,7 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
         time.sleep(0.005)
     worker.join()
     stream.join()
-    assert big["r"].status_code == 200 and len(big["r"].json()["choices"]) == 64
+    assert big["r"].status_code == 200 and len(big["r"].json()["choices"]) == 32
     assert 0 < most_running <= MAX_NUM_SEQS
     _stream_gaps(srv, alone, threading.Event())  # the control again, after: the same phase
     assert len(alone) == 2 * len(loaded) == 78
