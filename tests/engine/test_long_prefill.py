@@ -5,6 +5,7 @@ resumes before newer ones."""
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -58,15 +59,27 @@ def test_a_6000_token_prompt_never_stalls_8_decoding_streams() -> None:
             steps_with_long += 1
         if not engine.has_unfinished_requests():
             break
-    # the long prompt was computed in 512-token chunks at multiples of 512, one per step
+    # the long prompt was computed in chunks of 512 tokens at its start, shorter as its context
+    # grows (a token at position s counts 1 + s / 4096: its attention), one per step
     long_rows = [r for rows in log.rows for r in rows if r[1] > 1 and sum(r) > 20]
-    assert [start for start, _ in long_rows] == list(range(0, 6000, chunk))
-    assert all(n <= chunk for _, n in long_rows)
+    assert [start for start, _ in long_rows] == _grid(6000, chunk, 4096)
+    assert long_rows[0] == (0, 512) and 200 < long_rows[-2][1] < 230  # 512 / (1 + 5700 / 4096)
+    assert all(n * (1 + s / 4096) <= chunk + 2 for s, n in long_rows)
     assert steps_with_long >= len(long_rows)  # it ran beside the streams, not after them
     for rid, prompt in streams.items():
         assert outs[rid] == solo(MODEL, prompt, STREAM), rid
     assert outs["long"] == solo(MODEL, long_prompt, ONE, page_size=16, num_pages=600)
     assert_all_pages_free(engine)
+
+
+def _grid(num_tokens: int, size: int, attention_tokens: int) -> list[int]:
+    """Chunk starts by hand: the chunk at s holds size / (1 + s / attention_tokens) tokens,
+    rounded."""
+    starts, s = [], 0
+    while s < num_tokens:
+        starts.append(s)
+        s += max(1, math.floor(size / (1 + s / attention_tokens) + 0.5))
+    return starts
 
 
 def test_chunk_boundaries_depend_only_on_the_prompt_and_the_chunk_size() -> None:

@@ -154,3 +154,11 @@ def serve_subprocess(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def smollm2_server() -> Iterator[RunningServer]:
+    """The embedded SmolLM2-135M-Instruct served in-process (64 MiB of KV), shared by the
+    session."""
+    with serve_app(build_app(None, kv_cache_mib=64)) as srv:
+        yield srv

@@ -316,10 +316,16 @@ class WatchedBackend:
 
 
 def test_health_answers_while_the_real_tokenizer_encodes_a_long_text(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+    make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real tokenizer on a 3 MB text (``/tokenize`` has no context bound): /health answers
-    while that encode is running, so neither the event loop nor the GIL is held by it."""
+    """The real tokenizer on a 3 MB text (within the byte bound of a 1M-token context):
+    /health answers while that encode is running, so neither the event loop nor the GIL is
+    held by it."""
+    with make_server(max_model_len=1 << 20) as server:
+        _health_while_encoding(server, monkeypatch)
+
+
+def _health_while_encoding(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = server.app.state.async_engine.engine.tokenizer
     watched = WatchedBackend(tokenizer.backend, min_chars=1_000_000)
     monkeypatch.setattr(tokenizer, "backend", watched)

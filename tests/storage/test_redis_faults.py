@@ -75,6 +75,8 @@ class _FailingPipeline:
 
     def get(self, *args: Any) -> None: ...
 
+    def getrange(self, *args: Any) -> None: ...
+
     def execute(self, **kwargs: Any) -> list[Any]:
         raise self.exc
 

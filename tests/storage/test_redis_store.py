@@ -51,9 +51,14 @@ def test_bad_value_is_counted_and_deleted(redis_server: RedisServer) -> None:
     store = _store(redis_server)
     page = pages(TOKENS, store.namespace)[2]
     client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
-    client.set(store.key(page.key.page_hash), b"\x80\x04\x95 not ours")
+    size = min(store.record_sizes)  # a record's size, not a record's bytes
+    client.set(store.key(page.key.page_hash), b"\x80\x04\x95 not ours".ljust(size, b"\0"))
     assert store.get([page.key]) == [None]
     assert store.stats()["errors"] == {"bad_magic": 1}
+    assert client.exists(store.key(page.key.page_hash)) == 0
+    client.set(store.key(page.key.page_hash), b"\x80\x04\x95 not ours")  # no record's size
+    assert store.get([page.key]) == [None]
+    assert store.stats()["errors"] == {"bad_magic": 1, "size": 1}
     assert client.exists(store.key(page.key.page_hash)) == 0
 
 
@@ -136,3 +141,43 @@ def test_two_processes_write_the_same_pages(redis_server: RedisServer) -> None:
     store = _store(redis_server)
     written = pages(TOKENS, store.namespace)
     assert all_equal(store.get([p.key for p in written]), written)
+
+
+def _bytes_sent(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_net_output_bytes"])
+
+
+def test_oversized_values_are_counted_misses_never_read_whole(redis_server: RedisServer) -> None:
+    store = _store(redis_server, timeout_s=5.0)
+    written = pages(TOKENS, store.namespace)
+    store.put(written)
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=30)
+    huge = b"\0" * (64 * 1024 * 1024)
+    client.set(store.key(written[1].key.page_hash), huge)
+    before = _bytes_sent(client)
+    got = store.get([p.key for p in written])
+    sent = _bytes_sent(client) - before
+    assert got[1] is None and all_equal([got[0], *got[2:]], [written[0], *written[2:]])
+    assert store.stats()["errors"] == {"size": 1}
+    assert client.exists(store.key(written[1].key.page_hash)) == 0
+    # every record once, plus at most one byte past a record for the oversized value
+    assert sent < len(written) * max(store.record_sizes) + 64 * 1024
+    client.set("pagedattn:doc:session-big", huge)
+    before = _bytes_sent(client)
+    with pytest.raises(ValueError, match="more than the"):
+        store.get_document("session-big")
+    assert _bytes_sent(client) - before < 17 * 1024 * 1024  # the 16 MiB bound, not 64 MiB
+    assert store.stats()["errors"]["document_size"] == 1
+
+
+def test_replace_document_is_compare_and_swap(redis_server: RedisServer) -> None:
+    from pagedattn.storage.documents import DocumentConflictError
+
+    one, two = _store(redis_server), _store(redis_server)  # two servers, one Redis
+    one.replace_document("chat-2", None, b"first")
+    with pytest.raises(DocumentConflictError):
+        two.replace_document("chat-2", None, b"second")  # read before "first" was saved
+    two.replace_document("chat-2", b"first", b"second")
+    with pytest.raises(DocumentConflictError):
+        one.replace_document("chat-2", b"first", b"third")
+    assert one.get_document("chat-2") == b"second"

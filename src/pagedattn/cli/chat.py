@@ -85,38 +85,67 @@ class Conversation:
         self.text = prompt_text + self.tokenizer.decode(answer_ids, skip_special_tokens=False)
 
 
-def _resume(engine: Any, conversation: Conversation, session: str) -> None:
+def _resume(engine: Any, conversation: Conversation, session: str) -> bytes | None:
     """Load session ``session`` from the engine's kv store into ``conversation`` (if saved).
 
+    Returns:
+        The document as read (None: a new session), what the next save must still find.
+
     Raises:
-        ValueError: a saved document that is not a valid session of this model.
+        ValueError: a saved document that is not a valid session of this model, or one too
+            large to be a session (refused unread).
     """
     from pagedattn.cli import session as sessions
 
     data = engine.kv_tier.store.get_document(sessions.document_name(session))
     if data is None:
         print(f"(new session {session!r})", file=sys.stderr, flush=True)
-        return
+        return None
     doc = sessions.decode_session(data, engine.model_fingerprint, engine.model_config.vocab_size)
     conversation.messages = doc["messages"]
     conversation.token_ids = doc["token_ids"]
     conversation.text = doc["text"]
     turns = sum(m["role"] == "user" for m in conversation.messages)
     print(f"(resumed session {session!r}: {turns} turns)", file=sys.stderr, flush=True)
+    return bytes(data)
 
 
-def _save(engine: Any, conversation: Conversation, session: str | None) -> None:
-    """Save the conversation under ``session`` (no-op without one). The turn's pages are
-    already queued for the tier; the document is written now."""
+class SessionConflictError(Exception):
+    """Another process saved the session since this one read it."""
+
+
+def _save(
+    engine: Any, conversation: Conversation, session: str | None, read: bytes | None
+) -> bytes | None:
+    """Save the conversation under ``session`` (no-op without one) if the saved document is
+    still ``read``, the one this process last read or wrote (a compare-and-swap: another
+    process's turns are never overwritten). The turn's pages are already queued for the tier;
+    the document is written now.
+
+    Returns:
+        The document now saved (``read`` when nothing was written).
+
+    Raises:
+        SessionConflictError: another process saved the session in between.
+    """
     if session is None:
-        return
+        return read
     from pagedattn.cli import session as sessions
+    from pagedattn.storage.documents import DocumentConflictError
 
     data = sessions.encode_session(conversation, engine.model_fingerprint)
     try:
-        engine.kv_tier.store.put_document(sessions.document_name(session), data)
-    except OSError as exc:
+        engine.kv_tier.store.replace_document(sessions.document_name(session), read, data)
+    except DocumentConflictError:
+        raise SessionConflictError(
+            f"session {session!r} was saved by another process since this one read it; this "
+            f"turn is not saved. Start `pagedattn chat --session {session}` again to continue "
+            "the saved conversation."
+        ) from None
+    except (OSError, ValueError) as exc:
         print(f"warning: session not saved: {exc}", file=sys.stderr, flush=True)
+        return read
+    return data
 
 
 def _write(text: str) -> None:
@@ -169,8 +198,7 @@ def chat(
             )
         conversation = Conversation(engine.tokenizer, system)
         conversation.prompt_for("")  # fail now if the model has no template
-        if session is not None:
-            _resume(engine, conversation, session)
+        saved = None if session is None else _resume(engine, conversation, session)
         warmup_s = warm_up(engine) if stats else None
         print(HELP_TEXT, file=sys.stderr, flush=True)
         try:
@@ -186,7 +214,7 @@ def chat(
                     return
                 if command == "/reset":
                     conversation.reset()
-                    _save(engine, conversation, session)
+                    saved = _save(engine, conversation, session, saved)
                     print("(conversation cleared)", file=sys.stderr, flush=True)
                     continue
                 if not command:
@@ -202,9 +230,12 @@ def chat(
                     print(f"error: {result.error} (use /reset)", file=sys.stderr, flush=True)
                     continue
                 conversation.record(user, ids, text, result.token_ids, result.text)
-                _save(engine, conversation, session)
+                saved = _save(engine, conversation, session, saved)
                 if stats:
                     result.warmup_s, warmup_s = warmup_s, None  # reported with the first turn
                     print(format_stats(result), file=sys.stderr, flush=True)
+        except SessionConflictError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise typer.Exit(1) from None
         finally:
             engine.close()  # the queued kv-store writes land before the process exits

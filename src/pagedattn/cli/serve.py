@@ -97,6 +97,27 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = True,
+    max_seqs_per_request: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Most sequences (prompts x n) one request may ask for; more is a 400. "
+            "Default: 4 x --max-num-seqs.",
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            min=0.001,
+            metavar="SECONDS",
+            help="Seconds a client has to send a request's headers; then a 408 and the "
+            "connection is closed (slow-header clients cannot hold connections).",
+            rich_help_panel=SERVER,
+        ),
+    ] = 10.0,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -206,9 +227,18 @@ def serve(
             max_logprobs=max_logprobs,
             enable_server_load_tracking=enable_server_load_tracking,
             webui=webui,
+            max_seqs_per_request=max_seqs_per_request,
             **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
         raise typer.Exit(code=2) from exc
-    uvicorn.run(server_app, host=host, port=port, log_level=log_level)
+    from pagedattn.server.header_timeout import header_timeout_protocol
+
+    uvicorn.run(
+        server_app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=header_timeout_protocol(header_timeout_s),
+    )

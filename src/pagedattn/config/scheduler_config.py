@@ -38,6 +38,14 @@ class SchedulerConfig:
             scheduled (one exception: under page pressure the newest sequence may cut a chunk
             short instead of being preempted). None = ``max(1, max_num_batched_tokens // 4)``;
             must not exceed ``max_num_batched_tokens``.
+        prefill_attention_tokens: the context length at which a prompt token's attention costs
+            about as much as the rest of its work (its matmuls; about 4k tokens for a small
+            model on a CPU). A chunk starting at position ``s`` counts ``1 + s / this`` per
+            token against ``long_prefill_token_threshold``, so the late chunks of a long prompt
+            (which attend to everything before them) are shorter and a step that mixes them
+            with decodes stays as cheap as one with an early chunk. Boundaries still depend
+            only on the prompt's positions and these numbers. None = every chunk has the
+            threshold's tokens.
         max_model_len: most tokens (prompt + generated) in one request. None = the model's
             ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
             otherwise (a window bounds memory; positions past the context extrapolate RoPE in
@@ -66,6 +74,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     long_prefill_token_threshold: int | None = None
+    prefill_attention_tokens: int | None = 4096
     speculative: str | None = None
     num_speculative_tokens: int = 8
     ngram_min: int = 2
@@ -85,12 +94,30 @@ class SchedulerConfig:
             raise ValueError(
                 f"SchedulerConfig.max_model_len: expected None or >= 1, got {self.max_model_len!r}"
             )
+        a = self.prefill_attention_tokens
+        if a is not None and (not isinstance(a, int) or isinstance(a, bool) or a < 1):
+            raise ValueError(
+                f"SchedulerConfig.prefill_attention_tokens: expected None or an int >= 1, got {a!r}"
+            )
         t = self.long_prefill_token_threshold
         if t is not None and (not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens):
             raise ValueError(
                 "SchedulerConfig.long_prefill_token_threshold: expected None or an int in "
                 f"[1, max_num_batched_tokens={self.max_num_batched_tokens}], got {t!r}"
             )
+
+    def prefill_chunk_end(self, start: int) -> int:
+        """Where the prefill chunk holding position ``start`` ends: chunks run from 0, the one
+        starting at ``s`` holding ``prefill_chunk_size / (1 + s / prefill_attention_tokens)``
+        tokens (at least 1; see the attributes)."""
+        size = self.prefill_chunk_size
+        ref = self.prefill_attention_tokens
+        if ref is None:
+            return (start // size + 1) * size
+        end = 0
+        while end <= start:
+            end += max(1, int(size / (1 + end / ref) + 0.5))
+        return end
 
     def _check_speculative(self) -> None:
         if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:

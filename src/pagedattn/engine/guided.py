@@ -25,6 +25,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pagedattn.engine.outputs import DeadEndError
+from pagedattn.engine.schema_instances import prune_infinite
+
 GuidedKind = Literal["json", "json_object", "regex", "choice", "grammar"]
 
 # JSON layout: ``{"a": 1, "b": [1, 2]}`` (OpenAI's and Python's json.dumps separators) and no
@@ -118,7 +121,7 @@ class GuidedSpec:
             if not isinstance(self.value, (dict, str)):
                 raise ValueError(f"{self.field}: expected a JSON schema object")
             try:
-                schema = narrow_one_of(self.value)
+                schema = prune_infinite(narrow_one_of(self.value))
                 return str(llg.LLMatcher.grammar_from_json_schema(schema, self._json_options()))
             except ValueError as exc:
                 raise ValueError(f"{self.field}: invalid JSON schema: {exc}") from exc
@@ -246,9 +249,10 @@ class GuidedLogitsProcessor:
             if self.matcher.is_stopped():
                 break  # tokens after completion (only EOS, kept by ignore_eos) change nothing
             if not self.matcher.consume_token(int(token)):
-                raise RuntimeError(
-                    f"guided decoding: token {int(token)} rejected: {self.matcher.get_error()}"
-                )
+                error = self.matcher.get_error()
+                if "limit" in error:  # the parser's item / depth limits, not a bad token
+                    raise DeadEndError(f"guided decoding: {error}")
+                raise RuntimeError(f"guided decoding: token {int(token)} rejected: {error}")
             self.consumed.append(int(token))
 
     def allowed(self, generated: Sequence[int]) -> np.ndarray:
@@ -260,7 +264,10 @@ class GuidedLogitsProcessor:
             return out
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         if self.matcher.is_error():
-            raise RuntimeError(f"guided decoding: {self.matcher.get_error()}")
+            error = self.matcher.get_error()
+            if "limit" in error:
+                raise DeadEndError(f"guided decoding: {error}")
+            raise RuntimeError(f"guided decoding: {error}")
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
         n = min(self.num_tokens, self.vocab_size)
         out[:n] = bits[:n].astype(bool)

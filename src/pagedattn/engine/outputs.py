@@ -24,6 +24,17 @@ FINISH_REASONS = (
 REJECTIONS = (REJECT_CONTEXT, REJECT_CAPACITY)
 
 
+class DeadEndError(ValueError):
+    """A row whose constraints leave no token to sample mid-output (a grammar that reached a
+    parser limit, ``min_tokens`` past where a grammar ends): the completion ends there with
+    finish reason ``length``, its text cut as a length limit cuts it, not as a failure."""
+
+
+def is_dead_end(error: str) -> bool:
+    """Whether a row's error message (``"<exception name>: <message>"``) is a dead end."""
+    return error.startswith(f"{DeadEndError.__name__}:")
+
+
 @dataclass
 class RequestMetrics:
     """Timestamps of one request, ``time.monotonic()`` seconds (None until it happens).

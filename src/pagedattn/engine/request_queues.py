@@ -13,6 +13,20 @@ from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
 
 
+def seats(seq: Sequence) -> int:
+    """Running places ``seq`` takes once admitted: itself and the children it forks after its
+    prefill (``n`` / ``best_of`` > 1)."""
+    return 1 + len(seq.fork_children)
+
+
+def may_admit(occupied: int, seq: Sequence, max_num_seqs: int) -> bool:
+    """Whether the first waiting sequence may start while ``occupied`` seats are taken (the
+    :func:`seats` of every running sequence, forks not made yet included): all its seats must
+    fit ``max_num_seqs`` (a request of ``n`` choices is counted whole, so that its forks never
+    push the batch past the limit); into an empty batch it always may (progress)."""
+    return occupied == 0 or occupied + seats(seq) <= max_num_seqs
+
+
 class RequestQueues:
     """The scheduler's queues and its live requests.
 

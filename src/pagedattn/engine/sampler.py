@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from pagedattn.engine.outputs import DeadEndError
 from pagedattn.engine.penalties import apply_logits_processing, needs_processing
 from pagedattn.sampling_params import SamplingParams
 
@@ -180,7 +181,7 @@ def _sample_row(
     if np.isnan(top) or top == np.inf:
         raise ValueError("the logits row holds NaN or +inf")
     if top == -np.inf:
-        raise ValueError("every token id is masked (all logits are -inf)")
+        raise DeadEndError("every token id is masked (all logits are -inf)")
     if params.greedy:
         return best
     p = sampling_probs(row, params)

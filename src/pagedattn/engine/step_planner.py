@@ -1,9 +1,11 @@
 """StepPlanner: which tokens a step computes, under a token budget and the free pages.
 
 1. Running sequences, oldest first, get their next piece: 1 token for a decode, for a prompt
-   the tokens up to the next multiple of ``prefill_chunk_size`` (vLLM's long-prefill
-   threshold: a long prompt never takes more than that from the streams, and its chunk
-   boundaries depend only on its own length). A piece larger than the budget left waits for a
+   the tokens up to its next chunk boundary (``SchedulerConfig.prefill_chunk_end``: chunks of
+   ``prefill_chunk_size`` tokens, vLLM's long-prefill threshold, shortened as the context grows
+   so that a late chunk's attention does not make its step longer; a long prompt never takes
+   more than that from the streams, and its chunk boundaries depend only on its own positions).
+   A piece larger than the budget left waits for a
    later step. When pages run out the newest running sequence is preempted: its pages are
    freed, it goes back to the front of the waiting queue with its generated tokens and is
    recomputed later, reusing whatever of its prefix is still cached. The newest running
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
-from pagedattn.engine.request_queues import RequestQueues
+from pagedattn.engine.request_queues import RequestQueues, may_admit, seats
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.spec.drafter import Drafter
@@ -80,11 +82,14 @@ class StepPlanner:
             budget -= n
             i += 1
         if not preempted:
-            while waiting and len(running) < self.config.max_num_seqs and budget > 0:
+            limit = self.config.max_num_seqs
+            occupied = sum(map(seats, running))
+            while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
                 seq = waiting[0]
                 n = self.admit(seq, budget)
                 if n == 0:
                     break
+                occupied += seats(seq)
                 journal.admitted.append(seq)
                 journal.scheduled.append(self.reserve(seq, n))
                 budget -= n
@@ -110,13 +115,12 @@ class StepPlanner:
         return lo
 
     def piece(self, seq: Sequence, start: int | None = None) -> int:
-        """Tokens the sequence computes next: to its end, or to the next chunk boundary (a
-        multiple of ``prefill_chunk_size``) when chunked prefill is on or it resumes."""
+        """Tokens the sequence computes next: to its end, or to the next chunk boundary
+        (``SchedulerConfig.prefill_chunk_end``) when chunked prefill is on or it resumes."""
         start = seq.num_computed_tokens if start is None else start
         if not self.config.enable_chunked_prefill and seq.num_preemptions == 0:
             return seq.num_tokens - start
-        chunk = self.config.prefill_chunk_size
-        return min(seq.num_tokens, (start // chunk + 1) * chunk) - start
+        return min(seq.num_tokens, self.config.prefill_chunk_end(start)) - start
 
     def admit(self, seq: Sequence, budget: int) -> int:
         """Move the first waiting sequence to running with its prefix-cache hits; returns the

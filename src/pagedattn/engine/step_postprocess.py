@@ -11,7 +11,7 @@ from __future__ import annotations
 from pagedattn.cache import CacheManager
 from pagedattn.engine.forks import CopyPages, fork_children
 from pagedattn.engine.logprobs import TokenLogprobs
-from pagedattn.engine.outputs import FINISH_ERROR, RequestOutput
+from pagedattn.engine.outputs import FINISH_ERROR, FINISH_LENGTH, RequestOutput, is_dead_end
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sampler_output import SamplerOutput
 from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
@@ -120,7 +120,9 @@ class StepPostprocessor:
                 except Exception as exc:  # this request's text, not the step's
                     error = f"token {token_id}: {type(exc).__name__}: {exc}"
             row += 1
-            if error is not None:
+            if error is not None and is_dead_end(error):
+                s.finish(FINISH_LENGTH, now)  # its constraints allow no next token
+            elif error is not None:
                 s.finish(FINISH_ERROR, now, error=error)
             if item.draft_token_ids:  # the drafts it confirmed; the others' slots go back
                 run = None if error is not None else out.accepted.get(row - 1)

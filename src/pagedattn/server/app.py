@@ -64,6 +64,7 @@ def create_app(
     max_logprobs: int = 20,
     enable_server_load_tracking: bool = False,
     webui: bool = True,
+    max_seqs_per_request: int | None = None,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -87,6 +88,8 @@ def create_app(
             ``--max-logprobs``); -1 = the whole vocabulary (what ``-1`` in a request asks).
         enable_server_load_tracking: ``GET /load`` counts the generation requests in flight.
         webui: serve the chat page at ``/`` and the KV-cache page at ``/kv``.
+        max_seqs_per_request: most prompts x ``n`` one request may ask for (a 400 naming ``n``
+            or ``prompt`` past it); None = four times the engine's ``max_num_seqs``.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -104,7 +107,9 @@ def create_app(
         async_engine, metrics = engine_client, engine_client.metrics
     if max_logprobs < -1:
         raise ValueError(f"max_logprobs: expected -1 or an int >= 0, got {max_logprobs}")
-    serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:], max_logprobs)
+    serving = OpenAIServing(
+        async_engine, names[0], default_max_tokens, names[1:], max_logprobs, max_seqs_per_request
+    )
     load = ServerLoad(enable_server_load_tracking)
     history = CounterHistory(lambda: async_engine.stats)
 
@@ -199,7 +204,7 @@ def create_app(
         """OpenAI Responses API: text in, text out (:mod:`pagedattn.server.responses_api`)."""
         return await load.track(responses.respond(raw, request))
 
-    add_tokenizer_routes(app, serving.served, auth, _ERRORS)
+    add_tokenizer_routes(app, serving.served, serving.prepare.limits, auth, _ERRORS)
     add_vllm_routes(app, chat_completions, completions, load, auth, _ERRORS, health)
     add_kv_state_route(app, async_engine, names[0], history, auth, _ERRORS)
     if webui:
@@ -218,6 +223,7 @@ def build_app(
     max_logprobs: int = 20,
     enable_server_load_tracking: bool = False,
     webui: bool = True,
+    max_seqs_per_request: int | None = None,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model, compile or load the kernels its requests run
@@ -229,7 +235,7 @@ def build_app(
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
         api_key, default_max_tokens, health_stall_s, max_request_bytes, max_logprobs,
-        enable_server_load_tracking, webui: see :func:`create_app`.
+        enable_server_load_tracking, webui, max_seqs_per_request: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -259,6 +265,7 @@ def build_app(
         max_logprobs=max_logprobs,
         enable_server_load_tracking=enable_server_load_tracking,
         webui=webui,
+        max_seqs_per_request=max_seqs_per_request,
     )
     app.state.serving.structured.warm_up()  # the grammar compiler every chat request reads
     return app

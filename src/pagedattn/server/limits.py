@@ -11,6 +11,10 @@
   what the KV pool can hold.
 - prompt + max_tokens must fit ``max_model_len`` (code ``context_length_exceeded``), and the
   request's K/V at its largest must fit the whole page pool (code ``cache_capacity_exceeded``).
+- sequences: one prompt's ``n`` / ``best_of`` must fit ``max_num_seqs`` (they run side by side),
+  and a request's prompts x sequences must not pass ``max_seqs_per_request`` (default four
+  times ``max_num_seqs``): a 400 naming ``n`` (or ``best_of``), or ``prompt`` for a list of
+  prompts, so that one request cannot queue thousands of sequences ahead of everyone else.
 """
 
 from __future__ import annotations
@@ -47,12 +51,18 @@ class RequestLimits:
     """The limits of one engine (see the module docstring).
 
     Args:
-        engine: the served engine (its scheduler's context length and page pool, its
-            tokenizer).
+        engine: the served engine (its scheduler's context length, page pool and
+            ``max_num_seqs``, its tokenizer).
+        max_seqs_per_request: most sequences (prompts x ``n``) one request may ask for; None =
+            four times ``max_num_seqs``.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_seqs_per_request: int | None = None) -> None:
         self.scheduler = engine.scheduler
+        self.max_num_seqs = int(engine.scheduler.config.max_num_seqs)
+        if max_seqs_per_request is not None and max_seqs_per_request < 1:
+            raise ValueError(f"max_seqs_per_request: expected >= 1, got {max_seqs_per_request}")
+        self.max_seqs_per_request = max_seqs_per_request or 4 * self.max_num_seqs
         self.max_model_len: int | None = engine.scheduler.max_model_len
         token_bytes = longest_token_bytes(engine.tokenizer)
         self.max_prompt_bytes: int | None = (
@@ -76,6 +86,29 @@ class RequestLimits:
                 "bytes). Please reduce the prompt.",
                 param=field,
                 code="context_length_exceeded",
+            )
+
+    def check_sequences(self, req: p.SamplingFields, num_prompts: int) -> None:
+        """Raises APIError 400 when one prompt's sequences do not fit ``max_num_seqs`` or the
+        request's prompts x sequences pass ``max_seqs_per_request`` (see the module doc)."""
+        copies = copies_of(req)
+        field = "best_of" if copies > req.n else "n"
+        if copies > self.max_num_seqs:
+            raise APIError(
+                400,
+                f"{field}: {copies} sequences of one prompt run side by side, and this server "
+                f"runs at most {self.max_num_seqs} at once (max_num_seqs)",
+                param=field,
+            )
+        total = num_prompts * copies
+        if total > self.max_seqs_per_request:
+            field = "prompt" if copies == 1 else field
+            raise APIError(
+                400,
+                f"{field}: the request asks for {num_prompts} prompts x {copies} sequences = "
+                f"{total} sequences; this server takes at most {self.max_seqs_per_request} "
+                "per request (max_seqs_per_request)",
+                param=field,
             )
 
     def _fits_pool(self, num_prompt: int, max_tokens: int, copies: int = 1) -> bool:

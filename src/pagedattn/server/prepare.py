@@ -56,6 +56,7 @@ class RequestPreparer:
         tool_planner: plans a chat request's tool calls (:mod:`pagedattn.server.tools`).
         max_logprobs: the most logprobs per position a request may ask for; -1 = the whole
             vocabulary (vLLM's ``--max-logprobs``).
+        max_seqs_per_request: see :class:`RequestLimits`.
     """
 
     def __init__(
@@ -65,10 +66,11 @@ class RequestPreparer:
         default_max_tokens: int,
         tool_planner: ToolPlanner,
         max_logprobs: int = 20,
+        max_seqs_per_request: int | None = None,
     ) -> None:
         self.engine = engine
         self.served = served
-        self.limits = RequestLimits(engine)
+        self.limits = RequestLimits(engine, max_seqs_per_request)
         self.default_max_tokens = default_max_tokens
         self.tool_planner = tool_planner
         vocab = engine.vocab_size
@@ -101,6 +103,8 @@ class RequestPreparer:
         for name, value in (("n", req.n), ("best_of", best_of)):
             if value is not None and not 1 <= value <= MAX_CHOICES:
                 raise APIError(400, f"{name}: expected 1..{MAX_CHOICES}, got {value}", param=name)
+        num_prompts = len(prompts_of(req.prompt)) if isinstance(req, p.CompletionRequest) else 1
+        self.limits.check_sequences(req, num_prompts)
         if req.stream and best_of is not None and best_of > req.n:
             raise APIError(400, "best_of: cannot stream when best_of > n", param="best_of")
         if req.prompt_logprobs is not None:

@@ -22,6 +22,7 @@ from pagedattn.server.batch_prompts import (
     prepare_prompts,
 )
 from pagedattn.server.batch_sse import batch_sse_events
+from pagedattn.server.constraint_check import check_satisfiable
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body
@@ -48,6 +49,7 @@ class OpenAIServing:
             a response names the model as the request did.
         max_logprobs: the most logprobs per position a request may ask for; -1 = the whole
             vocabulary (vLLM's ``--max-logprobs``).
+        max_seqs_per_request: most prompts x ``n`` per request (:mod:`pagedattn.server.limits`).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class OpenAIServing:
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),
         max_logprobs: int = 20,
+        max_seqs_per_request: int | None = None,
     ) -> None:
         self.async_engine = async_engine
         self.engine: LLMEngine = async_engine.engine
@@ -71,7 +74,12 @@ class OpenAIServing:
             lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
         self.prepare = RequestPreparer(
-            self.engine, self.served, default_max_tokens, tool_planner, max_logprobs
+            self.engine,
+            self.served,
+            default_max_tokens,
+            tool_planner,
+            max_logprobs,
+            max_seqs_per_request,
         )
 
     async def respond(
@@ -131,8 +139,14 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_failure(final)
         build = chat_response if chat else completion_response
-        response = build(final, response_id, model_name, prepared, self.token_text)
-        return JSONResponse(p.dump(response))
+
+        def reply() -> JSONResponse:
+            response = build(final, response_id, model_name, prepared, self.token_text)
+            return JSONResponse(p.dump(response))
+
+        # a reply with (prompt) logprobs of a long prompt is megabytes of JSON: built and
+        # serialised on a worker thread, so the event loop (/health, other streams) runs on
+        return await run_in_threadpool(reply)
 
     def constrained(
         self, req: p.CompletionRequest | p.ChatCompletionRequest, prepared: Prepared
@@ -141,6 +155,14 @@ class OpenAIServing:
         prompt: a processor holds its request's grammar state). Blocking. Raises APIError."""
         tool_spec = prepared.tools.spec if prepared.tools is not None else None
         processors = self.structured.processors(req, tool_spec)
+        engine = self.engine
+        check_satisfiable(
+            prepared.params,
+            processors,
+            engine.vocab_size,
+            engine.model_config.vocab_size,
+            engine.scheduler.eos_token_ids,
+        )
         if not processors:
             return prepared
         params = prepared.params
@@ -190,10 +212,14 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         for final in finals:
             _raise_failure(final)
-        response = batch_completion_response(
-            finals, batch, response_id, model_name, self.token_text
-        )
-        return JSONResponse(p.dump(response))
+
+        def reply() -> JSONResponse:
+            response = batch_completion_response(
+                finals, batch, response_id, model_name, self.token_text
+            )
+            return JSONResponse(p.dump(response))
+
+        return await run_in_threadpool(reply)  # off the event loop, as a single reply
 
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens included)."""

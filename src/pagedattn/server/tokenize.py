@@ -14,6 +14,11 @@ Request and response shapes follow vLLM's ``entrypoints/openai/protocol.py``:
   ``eos_token``...), ``chat_template``, ``vocab_size``, ``model_max_length`` (what
   lm-evaluation-harness's remote tokenizer reads).
 - ``/version`` -> ``{"version"}``.
+
+``/tokenize`` and ``/detokenize`` take the generation routes' size limits
+(:mod:`pagedattn.server.limits`): a text prompt (or a rendered conversation) longer in bytes
+than the context can spell is refused before it is tokenised, and ``/detokenize`` takes at most
+``max_model_len`` ids; both answer 400 ``context_length_exceeded`` naming the field.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 import pagedattn.server.protocol as p
 from pagedattn.server.chat_prompt import template_options
 from pagedattn.server.errors import APIError
+from pagedattn.server.limits import RequestLimits
 from pagedattn.server.request_base import OpenAIRequest
 from pagedattn.server.served_model import ServedModel
 from pagedattn.server.tools import template_messages
@@ -87,9 +93,14 @@ def package_version() -> str:
 
 
 def add_tokenizer_routes(
-    app: FastAPI, served: ServedModel, auth: Sequence[Any], errors: dict[int | str, Any]
+    app: FastAPI,
+    served: ServedModel,
+    limits: RequestLimits,
+    auth: Sequence[Any],
+    errors: dict[int | str, Any],
 ) -> None:
-    """Register the routes of this module on ``app`` (``auth``: the route dependencies)."""
+    """Register the routes of this module on ``app`` (``auth``: the route dependencies;
+    ``limits``: the generation routes' size limits, which these routes share)."""
     deps = list(auth)
 
     def tokenizer() -> Any:
@@ -125,12 +136,16 @@ def add_tokenizer_routes(
                     for m in request.messages
                 ]
             )
+            for m in request.messages:
+                limits.check_prompt_bytes(m.text(), "messages")
             try:
                 text = tok.apply_chat_template(messages, **options)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="messages") from exc
+            limits.check_prompt_bytes(text, "messages")
         else:
             text = request.prompt
+            limits.check_prompt_bytes(text, "prompt")
         ids = list(tok.encode(text, add_special_tokens=request.add_special_tokens))
         strs = [tok.id_to_token(i) or "" for i in ids] if request.return_token_strs else None
         body = {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids}
@@ -140,6 +155,15 @@ def add_tokenizer_routes(
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         """Text of token ids (ids outside the vocabulary are a 400)."""
         served.check_model(request.model)
+        limit = served.max_model_len
+        if limit is not None and len(request.tokens) > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens; got "
+                f"{len(request.tokens)} tokens to detokenize.",
+                param="tokens",
+                code="context_length_exceeded",
+            )
         try:
             return DetokenizeResponse(prompt=tokenizer().decode(request.tokens))
         except ValueError as exc:

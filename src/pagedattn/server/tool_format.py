@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedattn.engine.guided import JSON_LAYOUT, narrow_one_of
+from pagedattn.server.schema_refs import pointer_part, rebase_refs
 from pagedattn.server.trigger_grammar import free_text_rule, head_rules, literal, regex_escape
 
 OPEN_TAG = "<tool_call>"
@@ -109,19 +110,29 @@ class FormatCache:
         return found
 
 
-def call_schema(tools: list[tuple[str, dict[str, Any]]], args_key: str) -> dict[str, Any]:
+def call_schema(
+    tools: list[tuple[str, dict[str, Any]]], args_key: str, base: str = ""
+) -> dict[str, Any]:
     """The JSON schema of one call: ``{"name": <an allowed name>, args_key: <its arguments>}``
-    (one ``anyOf`` branch per tool, names as constants, so branches are disjoint)."""
-    branches = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, args_key: narrow_one_of(params)},
-            "required": ["name", args_key],
-            "additionalProperties": False,
-        }
-        for name, params in tools
-    ]
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    (one ``anyOf`` branch per tool, names as constants, so branches are disjoint). Each tool's
+    local ``$ref`` s are rebased to where its schema now sits (``base``: the JSON pointer of
+    this call schema in the whole document)."""
+    many = len(tools) > 1
+    branches = []
+    for i, (name, params) in enumerate(tools):
+        at = f"{base}{f'/anyOf/{i}' if many else ''}/properties/{pointer_part(args_key)}"
+        branches.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": name},
+                    args_key: rebase_refs(narrow_one_of(params), at),
+                },
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
+    return {"anyOf": branches} if many else branches[0]
 
 
 def auto_grammar(

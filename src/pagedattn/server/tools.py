@@ -31,6 +31,7 @@ from pagedattn.server.tool_format import (
     FormatCache,
     ToolFormat,
     auto_grammar,
+    call_schema,
     parse_calls,
 )
 
@@ -185,16 +186,7 @@ def _json(schema: dict[str, Any]) -> GuidedSpec:
 
 
 def _array_schema(tools: tuple[tuple[str, dict[str, Any]], ...], parallel: bool) -> Any:
-    branches = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, "parameters": narrow_one_of(params)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for name, params in tools
-    ]
-    item = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    item = call_schema(list(tools), "parameters", base="/items")
     schema: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1

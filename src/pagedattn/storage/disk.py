@@ -16,6 +16,7 @@ Layout: ``ROOT/kv/<namespace hex>/<hash[:2]>/<hash>.page`` and ``ROOT/documents/
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
@@ -27,6 +28,12 @@ from typing import Any, Literal
 import numpy as np
 
 from pagedattn.storage.base import BaseStore, check_document_name
+from pagedattn.storage.documents import (
+    MAX_DOCUMENT_BYTES,
+    DocumentConflictError,
+    DocumentTooLargeError,
+    check_document_size,
+)
 
 _SUFFIX = ".page"
 _TMP_PREFIX = ".tmp-"
@@ -195,15 +202,63 @@ class DiskStore(BaseStore):
 
     # ---- documents ---------------------------------------------------------------------
     def get_document(self, name: str) -> bytes | None:
-        """The bytes saved under ``name``, None when there are none."""
+        """The bytes saved under ``name``, None when there are none.
+
+        Raises:
+            DocumentTooLargeError: the file is larger than ``MAX_DOCUMENT_BYTES`` (or not a regular
+                file); it was not read (counted as ``document_size``).
+        """
+        path = self._document_path(name)
         try:
-            return (self.documents / f"{check_document_name(name)}.json").read_bytes()
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_DOCUMENT_BYTES:
+                self.count_error("document_size")
+                raise DocumentTooLargeError(name, st.st_size)
+            data = os.read(fd, MAX_DOCUMENT_BYTES + 1)
+            while len(data) < st.st_size:
+                chunk = os.read(fd, MAX_DOCUMENT_BYTES + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        if len(data) > MAX_DOCUMENT_BYTES:  # grew under us
+            self.count_error("document_size")
+            raise DocumentTooLargeError(name)
+        return data
 
     def put_document(self, name: str, data: bytes) -> None:
-        """Save ``data`` under ``name`` atomically (replacing any previous one)."""
-        atomic_write(self.documents / f"{check_document_name(name)}.json", data)
+        """Save ``data`` under ``name`` atomically (replacing any previous one).
+
+        Raises:
+            DocumentTooLargeError: ``data`` is larger than ``MAX_DOCUMENT_BYTES``.
+        """
+        atomic_write(self._document_path(name), check_document_size(name, data))
+
+    def replace_document(self, name: str, old: bytes | None, new: bytes) -> None:
+        """Save ``new`` under ``name`` only when the saved document is still ``old`` (None:
+        absent), under an exclusive lock on the document's lock file (every process sharing
+        the folder takes it).
+
+        Raises:
+            DocumentConflictError: another writer saved a different document since.
+            DocumentTooLargeError: ``new`` is too large.
+        """
+        path = self._document_path(name)
+        check_document_size(name, new)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.get_document(name) != old:
+                raise DocumentConflictError(name)
+            atomic_write(path, new)
+
+    def _document_path(self, name: str) -> Path:
+        return self.documents / f"{check_document_name(name)}.json"
 
     # ---- internals ---------------------------------------------------------------------
     @staticmethod

@@ -8,7 +8,10 @@ socket operation has an explicit timeout and no retry; a connection error or tim
 :class:`CircuitBreaker`: the tier then answers "miss" (reads) or drops (writes) at once until
 the cool-down has passed, so a dead or stalled Redis costs a request at most one timeout, and
 the tier comes back by itself with Redis. A key holding another Redis type (a list, a hash) is
-a bad record like any other: counted (``wrong_type``), deleted, a miss. Deploy Redis with
+a bad record like any other: counted (``wrong_type``), deleted, a miss. Values are read with a
+bounded ``GETRANGE`` (at most one byte more than the largest record, or than a document may
+have): a value of any other size is counted (``size``), deleted, a miss, and never read whole,
+whatever was written at a page's name. Deploy Redis with
 ``maxmemory`` and ``maxmemory-policy allkeys-lru``; an evicted key is a plain miss.
 """
 
@@ -22,6 +25,12 @@ import numpy as np
 
 from pagedattn.storage.base import BaseStore, check_document_name
 from pagedattn.storage.breaker import CircuitBreaker
+from pagedattn.storage.documents import (
+    MAX_DOCUMENT_BYTES,
+    DocumentConflictError,
+    DocumentTooLargeError,
+    check_document_size,
+)
 
 
 def _redis_module() -> Any:
@@ -146,18 +155,21 @@ class RedisStore(BaseStore):
         )
 
     def _read_raw(self, page_hashes: Sequence[bytes]) -> list[bytes | None]:
-        """A value that is not a string (a list, a hash, ... under a page key) is a bad record:
-        counted as ``wrong_type``, deleted, a miss."""
-        result = self._call([("get", (self.key(h),)) for h in page_hashes])
+        """Each record's bytes, read with a bounded ``GETRANGE``: a value of a size no record
+        has is counted as ``size``, deleted, a miss (at most one byte past the largest record
+        size crosses the wire). A value that is not a string (a list, a hash, ... under a page
+        key) is counted as ``wrong_type``, deleted, a miss. An empty value is a miss."""
+        last = max(self.record_sizes)  # GETRANGE's end is inclusive: one byte past a record
+        result = self._call([("getrange", (self.key(h), 0, last)) for h in page_hashes])
         if result is None:
             return [None] * len(page_hashes)
         out: list[bytes | None] = []
         bad: list[bytes] = []
         for h, r in zip(page_hashes, result, strict=True):
-            if isinstance(r, bytes) or r is None:
-                out.append(r)
+            if isinstance(r, bytes) and (not r or len(r) in self.record_sizes):
+                out.append(r or None)
                 continue
-            self.count_error("wrong_type")
+            self.count_error("size" if isinstance(r, bytes) else "wrong_type")
             bad.append(h)
             out.append(None)
         if bad:
@@ -185,21 +197,75 @@ class RedisStore(BaseStore):
 
     # ---- documents ---------------------------------------------------------------------
     def get_document(self, name: str) -> bytes | None:
-        """The bytes saved under ``name``; None when absent or Redis is unreachable."""
-        result = self._call([("get", (self.doc_prefix + check_document_name(name),))])
+        """The bytes saved under ``name``; None when absent or Redis is unreachable.
+
+        Raises:
+            DocumentTooLargeError: the value is larger than ``MAX_DOCUMENT_BYTES`` (at most one
+                byte past it was read; counted as ``document_size``).
+        """
+        key = self.doc_prefix + check_document_name(name)
+        result = self._call([("getrange", (key, 0, MAX_DOCUMENT_BYTES))])
         value = None if result is None else result[0]
-        return value if isinstance(value, bytes) else None
+        if not isinstance(value, bytes):
+            return None
+        if len(value) > MAX_DOCUMENT_BYTES:
+            self.count_error("document_size")
+            raise DocumentTooLargeError(name)
+        return value or None
 
     def put_document(self, name: str, data: bytes) -> None:
         """Save ``data`` under ``name`` (with the page TTL).
 
         Raises:
             OSError: Redis is unreachable (the caller decides whether that matters).
+            DocumentTooLargeError: ``data`` is larger than ``MAX_DOCUMENT_BYTES``.
         """
         key = self.doc_prefix + check_document_name(name)
-        result = self._call([("set", (key, data, self.ttl_s))])
+        result = self._call([("set", (key, check_document_size(name, data), self.ttl_s))])
         if result is None or result[0] is not True:
             raise OSError(f"kv_store {self.url}: could not save document {name!r}")
+
+    def replace_document(self, name: str, old: bytes | None, new: bytes) -> None:
+        """Save ``new`` under ``name`` only when the saved document is still ``old`` (None:
+        absent): ``WATCH`` the key, read it (bounded), then ``MULTI``/``SET``/``EXEC``, which
+        Redis refuses when another client wrote the key in between (every server and process
+        sharing the Redis sees the same key).
+
+        Raises:
+            DocumentConflictError: another writer saved a different document since.
+            OSError: Redis is unreachable. DocumentTooLargeError.
+        """
+        import redis
+
+        key = self.doc_prefix + check_document_name(name)
+        check_document_size(name, new)
+        if not self.breaker.allow():
+            self.count_error("circuit_open")
+            raise OSError(f"kv_store {self.url}: unavailable, document {name!r} not saved")
+        ok = False
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.watch(key)
+                current = pipe.getrange(key, 0, MAX_DOCUMENT_BYTES) or None
+                if current != old:
+                    ok = True
+                    raise DocumentConflictError(name)
+                pipe.multi()
+                pipe.set(key, new, ex=self.ttl_s)
+                try:
+                    pipe.execute()
+                except redis.WatchError:
+                    ok = True
+                    raise DocumentConflictError(name) from None
+            ok = True
+        except self._errors_caught as exc:
+            self.count_error("unavailable")
+            raise OSError(f"kv_store {self.url}: could not save document {name!r}") from exc
+        finally:
+            if ok:
+                self.breaker.success()
+            else:
+                self.breaker.failure()
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -3,11 +3,15 @@ format of :mod:`pagedattn.storage.record`, checked the same way) in one file.
 
 Layout: magic ``b"PAGEDKVS"``, u16 format version, u64 tokens written, u32 record count, then
 per record a u64 length and the record bytes, then an xxh3_128 checksum of everything before.
-Written atomically (tmp + fsync + rename, as the disk tier).
+Written atomically (tmp + fsync + rename, as the disk tier). A reader knows the most bytes a
+file of its stream can have (its page capacity times a record's size) and refuses a larger
+file from its metadata, before reading it.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +26,7 @@ from pagedattn.storage.record import (
     RecordError,
     decode_record,
     encode_record,
+    record_nbytes,
 )
 
 STREAM_MAGIC = b"PAGEDKVS"
@@ -53,11 +58,24 @@ def write_stream_file(
     atomic_write(Path(path), body + xxhash.xxh3_128_digest(body))
 
 
+def max_stream_file_bytes(max_pages: int, shape: tuple[int, ...], dtype: np.dtype | type) -> int:
+    """The largest stream file of a stream holding at most ``max_pages`` pages of ``shape``."""
+    page_size = shape[3] if len(shape) == 5 else 0
+    record = record_nbytes(shape, dtype, page_size, signed=False)
+    return _HEAD.size + max_pages * (_LEN.size + record) + 16
+
+
 def read_stream_file(
-    path: str | Path, namespace: bytes, shape: tuple[int, ...], dtype: np.dtype | type
+    path: str | Path,
+    namespace: bytes,
+    shape: tuple[int, ...],
+    dtype: np.dtype | type,
+    max_pages: int,
 ) -> tuple[int, list[DecodedRecord]]:
-    """Read and check a stream file: container magic, version, checksum and lengths, then each
-    record with every check of :func:`decode_record` (namespace, hash chain, dtype, shape).
+    """Read and check a stream file: its size first (at most :func:`max_stream_file_bytes`,
+    from the file's metadata, before reading), then container magic, version, checksum and
+    lengths, then each record with every check of :func:`decode_record` (namespace, hash
+    chain, dtype, shape).
 
     Returns:
         (tokens written, the records in file order).
@@ -65,7 +83,18 @@ def read_stream_file(
     Raises:
         RecordError: any failed check (``kind`` says which). OSError: unreadable file.
     """
-    data = Path(path).read_bytes()
+    limit = max_stream_file_bytes(max_pages, shape, dtype)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or size > limit:
+            raise RecordError(
+                "size", f"{path}: {size} bytes, more than a stream of {max_pages} pages saves"
+            )
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise RecordError("size", f"{path}: more than {limit} bytes")
     if data[: len(STREAM_MAGIC)] != STREAM_MAGIC:
         raise RecordError("bad_magic", f"{path}: not a pagedattn stream file")
     if len(data) < _HEAD.size + 16:

@@ -275,7 +275,9 @@ class KVStream:
                 f"load: expected a fresh stream, this one has {self.num_tokens} tokens"
             )
         shape = (1, 2, self.num_kv_heads, self.page_size, self.head_dim)
-        num_tokens, records = read_stream_file(path, self.namespace, shape, np.float32)
+        num_tokens, records = read_stream_file(
+            path, self.namespace, shape, np.float32, self.max_pages
+        )
         keys = self._page_keys(num_tokens)
         for pos in range(num_tokens):
             if self.eviction == "evict_idle" and not self.manager.can_append(_SEQ, 1):
