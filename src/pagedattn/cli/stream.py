@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.engine.model_runner import ModelRunner
-    from pagedattn.engine.sampler_output import SamplerOutput
+    from pagedattn.engine.step_output import StepOutput
     from pagedattn.sampling_params import SamplingParams
 
 
@@ -25,7 +25,7 @@ class _PeakPages:
         self.runner = engine.runner
         self.peak = 0
 
-    def run(self, batch: Any) -> SamplerOutput:
+    def run(self, batch: Any) -> StepOutput:
         manager = self.engine.cache_manager
         self.peak = max(self.peak, manager.num_pages - manager.allocator.num_free_pages)
         return self.runner.run(batch)

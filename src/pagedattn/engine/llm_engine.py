@@ -21,8 +21,8 @@ from pagedattn.engine.engine_stats import engine_stats
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
-from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.engine.scheduler import Scheduler
+from pagedattn.engine.step_plan import StepPlan
 from pagedattn.model.build import build_model, resolve_model_backend
 from pagedattn.sampling_params import SamplingParams
 
@@ -197,25 +197,25 @@ class LLMEngine:
             KeyboardInterrupt (and other non-``Exception`` errors) after failing the step's
             requests; their outputs come with the next step.
         """
-        batch = self._schedule()
+        plan = self._schedule()
         try:
-            sampled = self.runner.run(batch)
+            sampled = self.runner.run(plan)
         except BaseException as exc:
-            return self._fail_step(batch, exc)
-        return self.scheduler.postprocess(batch, sampled)
+            return self._fail_step(plan, exc)
+        return self.scheduler.postprocess(plan, sampled)
 
-    def _schedule(self) -> ScheduledBatch:
+    def _schedule(self) -> StepPlan:
         """This step's batch; the tier's lookups made while scheduling share one deadline."""
         if self.kv_tier is not None:
             self.kv_tier.begin_step()
         return self.scheduler.schedule()
 
-    def _fail_step(self, batch: ScheduledBatch, exc: BaseException) -> list[RequestOutput]:
+    def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:
         """Fail the step's requests; re-raise ``exc`` unless it is an ``Exception``."""
-        self.scheduler.fail_step(batch, f"engine step failed: {type(exc).__name__}: {exc}")
+        self.scheduler.fail_step(plan, f"engine step failed: {type(exc).__name__}: {exc}")
         if not isinstance(exc, Exception):
             raise exc
-        logger.exception("engine step failed; %d request(s) failed", len(batch.seqs))
+        logger.exception("engine step failed; %d request(s) failed", len(plan.request_ids))
         return self.scheduler.take_pending()
 
     def abort(self, request_id: str) -> bool:
