@@ -65,7 +65,6 @@ class EngineReplica:
         self.replica_id = replica_id()
         self.engine = LLMEngine.from_config(engine_config(model, **engine_options))
         self.metrics = ServerMetrics(lambda: self.loop.stats, model_name)
-        self.metrics.instrument(self.engine)
         self.loop = AsyncEngine(self.engine, self.metrics, stall_timeout_s=health_stall_s)
         self.loop.start()
         self.structured = StructuredOutput(
