@@ -12,8 +12,8 @@ vocabulary adds no BOS, so no chunk starts with one). llama.cpp runs with ``-ctk
 with ``--activations int8`` (llama.cpp's arithmetic: inputs of the 4-bit matmuls quantized per
 32 values) and the KV dtype that matches: f16 -> float16, q8_0 -> int8 (when this build's KV
 pool has it). Prints both perplexities, their ratio and "within 1%: met / not met". When the
-binary is absent (``--llama-perplexity``, default ``$LLAMA_PERPLEXITY`` or
-``/work/peers/llama.cpp/build/bin/llama-perplexity``), llama.cpp's side is "not measured".
+binary is absent (``--llama-perplexity``, default ``$LLAMA_PERPLEXITY`` or the
+``llama-perplexity`` on ``PATH``), llama.cpp's side is "not measured".
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
 from pagedattn.model.registry import embedded_model_path
 
-DEFAULT_BINARY = "/work/peers/llama.cpp/build/bin/llama-perplexity"
+DEFAULT_BINARY = shutil.which("llama-perplexity") or "llama-perplexity"
 OURS = {"f16": "float16", "q8_0": "int8", "f32": "float32"}
 FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 

@@ -82,11 +82,19 @@ class SamplingParams:
         ignore_eos: keep generating past the tokenizer's end-of-sequence token(s).
         skip_special_tokens: leave special tokens (``<|im_end|>``...) out of the output text.
         logprobs: None, or N >= 0: report for every generated token its logprob, rank and the
-            N most likely alternatives (at most ``MAX_LOGPROBS``).
+            N most likely alternatives (at most ``max_logprobs``).
         prompt_logprobs: None, or N >= 0: the same for every prompt token (the first is None).
             The prompt is then computed in full (no prefix cache: a cached page has no logits).
         logits_processors: callables applied in order to each next-token logits row before
             sampling (see ``LogitsProcessor``); structured output uses them to mask tokens.
+        allowed_token_ids: None, or the only ids that may be sampled (every other logit -inf;
+            vLLM's ``allowed_token_ids``).
+        bad_words_token_ids: token sequences never generated (vLLM's ``bad_words``): a
+            sequence's last token is banned wherever the generated tokens end with the rest of
+            it (a one-token sequence: everywhere).
+        max_logprobs: the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for
+            (vLLM's ``--max-logprobs``; default ``MAX_LOGPROBS``; a server that allows the whole
+            vocabulary raises it to the vocabulary size).
         speculative_decoding: ``"auto"`` (default: the engine drafts tokens for this request
             when its speculation is on and pays) or ``"off"`` (never). Speculation never
             changes a request's tokens or logprobs; requests with ``logits_processors`` are
@@ -118,12 +126,20 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = field(default=())
     speculative_decoding: str = "auto"
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    max_logprobs: int = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         stop: str | Iterable[str] = self.stop
         object.__setattr__(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        object.__setattr__(
+            self, "bad_words_token_ids", tuple(tuple(s) for s in self.bad_words_token_ids)
+        )
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise ValueError(
@@ -180,10 +196,20 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids: expected ints >= 0, got {t!r}")
+        if not is_int(self.max_logprobs) or self.max_logprobs < 0:
+            raise bad("max_logprobs", "an int >= 0")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or not 0 <= v <= MAX_LOGPROBS):
-                raise bad(name, f"None or an int in [0, {MAX_LOGPROBS}]")
+            if v is not None and (not is_int(v) or not 0 <= v <= self.max_logprobs):
+                raise bad(name, f"None or an int in [0, {self.max_logprobs}]")
+        if self.allowed_token_ids is not None and (
+            not self.allowed_token_ids
+            or not all(is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise bad("allowed_token_ids", "None or a non-empty list of ids >= 0")
+        for seq in self.bad_words_token_ids:
+            if not seq or not all(is_int(t) and t >= 0 for t in seq):
+                raise bad("bad_words_token_ids", "non-empty sequences of ids >= 0")
         if self.speculative_decoding not in SPECULATIVE_DECODING:
             raise bad("speculative_decoding", f"one of {SPECULATIVE_DECODING}")
         for proc in self.logits_processors:
@@ -196,6 +222,8 @@ class SamplingParams:
         checks = (
             ("logit_bias", list(self.logit_bias or {})),
             ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("bad_words_token_ids", [t for s in self.bad_words_token_ids for t in s]),
         )
         for name, ids in checks:
             bad = [t for t in ids if not 0 <= t < vocab_size]

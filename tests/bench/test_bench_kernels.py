@@ -43,21 +43,20 @@ def test_bench_kernels_prints_read_bandwidth_and_the_named_comparisons() -> None
     assert "read GB/s" in result.stdout and "% read" in result.stdout
     assert "same-run comparisons of the paged kernel" in result.stdout
     assert "float32 KV, batch 32, context 16" in result.stdout
-    assert "vs read pass (% of its GB/s)" in result.stdout and ">= 80%" in result.stdout
-    assert "issue" not in result.stdout.lower() and "target" not in result.stdout.lower()
+    assert "vs read pass (% of its GB/s)" in result.stdout
+    for word in ("issue", "target", "goal", "met"):
+        assert word not in result.stdout.lower().split()
 
 
-def test_kernel_comparisons_by_batch() -> None:
-    batch32 = kernel_comparisons(32, 85.0, 1.2)
-    assert [(label, verdict) for label, _, _, verdict in batch32] == [
-        ("vs read pass (% of its GB/s)", "met"),  # 85 >= 80
-        ("vs torch SDPA (speedup)", "NOT met"),  # 1.2 < 1.5
+def test_kernel_comparisons_are_the_measured_figures() -> None:
+    assert kernel_comparisons(85.0, 1.2) == [
+        ("vs read pass (% of its GB/s)", "85%"),
+        ("vs torch SDPA (speedup)", "1.20x"),
     ]
-    assert [(m, g) for _, m, g, _ in batch32] == [("85%", ">= 80%"), ("1.20x", ">= 1.50x")]
-    assert kernel_comparisons(32, 79.6, 1.5)[0][3] == "NOT met"  # printed as 80%, still below
-    assert kernel_comparisons(1, 5.0, 1.0)[0][3] == "met"  # not slower than SDPA at batch 1
-    assert kernel_comparisons(1, 5.0, None)[0][3] == "not measured: torch absent"
-    assert kernel_comparisons(8, 50.0, 2.0) == []  # no goal at other batch sizes
+    assert kernel_comparisons(79.6, None)[1] == (
+        "vs torch SDPA (speedup)",
+        "not measured: torch absent",
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
@@ -78,26 +77,27 @@ def test_bench_kernels_prints_a_section_per_kv_dtype() -> None:
         assert f"{dtype} KV, batch 32, context 16" in result.stdout
 
 
-def test_bench_kernels_times_the_dtypes_interleaved_with_int8_goal() -> None:
+def test_bench_kernels_times_the_dtypes_interleaved() -> None:
     args = ["bench", "kernels", "--batch", "32", "--context", "2048", "--repeats", "1",
             "--kv-cache-dtype", "float16", "--kv-cache-dtype", "int8"]  # fmt: skip
     result = runner.invoke(app, args, env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert "decode attention by KV dtype, interleaved" in result.stdout
     line = next(x for x in result.stdout.splitlines() if "int8 vs float16 (decode speed)" in x)
-    assert ">= 1.30x" in line and ("met" in line or "NOT met" in line)
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    assert cells[-1].endswith("x") and float(cells[-1][:-1]) > 0 and "met" not in line
 
 
-def test_kv_dtype_comparisons_carry_the_goal_at_batch_32_context_2048_only() -> None:
+def test_kv_dtype_comparisons_are_speeds_over_float16() -> None:
     from pagedattn.bench.kv_dtypes import kv_dtype_comparisons
 
-    ms = {"float16": 2.8, "int8": 2.0, "float32": 4.0}
-    rows = kv_dtype_comparisons(32, 2048, ms)
-    assert ("int8 vs float16 (decode speed)", "1.40x", ">= 1.30x", "met") in rows
-    assert ("float32 vs float16 (decode speed)", "0.70x", "-", "-") in rows
-    assert kv_dtype_comparisons(32, 2048, {"float16": 2.0, "int8": 1.6})[0][3] == "NOT met"
-    assert kv_dtype_comparisons(1, 2048, ms)[0][2:] == ("-", "-")
-    assert kv_dtype_comparisons(32, 2048, {"int8": 1.0}) == []
+    rows = kv_dtype_comparisons({"float16": 2.8, "int8": 2.0, "float32": 4.0})
+    # by hand: 2.8 / 2.0 = 1.40, 2.8 / 4.0 = 0.70
+    assert rows == [
+        ("int8 vs float16 (decode speed)", "1.40x"),
+        ("float32 vs float16 (decode speed)", "0.70x"),
+    ]
+    assert kv_dtype_comparisons({"int8": 1.0}) == []
 
 
 @pytest.mark.parametrize(

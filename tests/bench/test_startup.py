@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 import pagedattn.cli.bench_generate  # noqa: F401  (register the commands)
 from pagedattn.bench.startup import (
-    STARTUP_GOAL_S,
     generate_command,
     measure_startup,
     report_startup,
@@ -45,7 +44,7 @@ def test_measure_startup_warms_up_then_takes_the_median_of_each_command() -> Non
     console = Console(record=True, width=140)
     console.print(startup_table(rows))
     text = console.export_text()
-    assert f"< {STARTUP_GOAL_S:g} s" in text and "NO" in text and "2.50" in text
+    assert "2.50" in text and "100%" in text and "8%" in text  # 0.2 / 2.5 of the full command
     with pytest.raises(ValueError, match="repeats"):
         measure_startup(None, repeats=0, timer=timer)
 
@@ -59,7 +58,7 @@ def test_generate_command_is_the_cli_command() -> None:
 
 
 def test_bench_generate_prints_the_startup_row(tiny_gguf: Path, tmp_path: Path) -> None:
-    """The real thing on the tiny GGUF: fresh processes, a met / not met verdict, the JSON."""
+    """The real thing on the tiny GGUF: fresh processes, the table, the JSON."""
     prompt = tmp_path / "p.txt"
     prompt.write_text("the rain in spain stays mainly on the plain. " * 50, encoding="utf-8")
     out = tmp_path / "gen.json"
@@ -72,24 +71,21 @@ def test_bench_generate_prints_the_startup_row(tiny_gguf: Path, tmp_path: Path) 
     figures = json.loads(out.read_text())["startup"]
     assert set(figures["rows"]) == set(startup_commands(None))
     assert all(len(runs) == 1 and runs[0] > 0 for runs in figures["rows"].values())
-    assert figures["goal_s"] == 2.0 and isinstance(figures["met"], bool)
+    assert figures["generate_median_s"] == figures["rows"]['generate "Hi" --max-tokens 1'][0]
 
 
 @pytest.mark.parametrize(
-    ("walls", "median", "met"),
-    [((9.0, 1.9, 1.2, 2.4), 1.9, True), ((9.0, 2.0, 3.1, 1.0), 2.0, False)],
+    ("walls", "median"), [((9.0, 1.9, 1.2, 2.4), 1.9), ((9.0, 2.0, 3.1, 1.0), 2.0)]
 )
-def test_report_startup_is_met_under_two_seconds(
-    walls: tuple[float, ...], median: float, met: bool
-) -> None:
+def test_report_startup_takes_the_median(walls: tuple[float, ...], median: float) -> None:
     """A fixed fake timer: each command's warm-up (9.0) then three runs; the median by hand."""
     it = iter(walls * 4)
     console = Console(record=True, width=140)
     figures = report_startup(console, "m.gguf", 2, 3, timer=lambda cmd, env: next(it))
-    assert figures["generate_median_s"] == median and figures["met"] is met
+    assert figures["generate_median_s"] == median
     assert figures["rows"]['generate "Hi" --max-tokens 1'] == list(walls[1:])
     text = console.export_text()
-    assert f"{median:.2f}" in text and ("yes" if met else "NO") in text and "< 2 s" in text
+    assert f"{median:.2f}" in text and "goal" not in text
 
 
 def _run_generate(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:

@@ -25,6 +25,8 @@ def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -
             ("POST", "/v1/completions"),
             ("POST", "/v1/chat/completions"),
             ("POST", "/v1/responses"),
+            ("POST", "/invocations"),
+            ("GET", "/load"),
         ]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}]:
                 r = httpx.request(method, srv.url + path, headers=headers, json={})
@@ -33,6 +35,7 @@ def test_api_key_is_required_everywhere_but_health(make_server: ServerFactory) -
                 assert error["type"] == "authentication_error"
                 assert error["code"] == "invalid_api_key"
         assert httpx.get(f"{srv.url}/health").status_code == 200
+        assert httpx.get(f"{srv.url}/ping").status_code == 200
 
         good = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=60)
         out = good.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)

@@ -54,9 +54,12 @@ def _expected_completion_logprobs(llm: LLM, ids: list[int], positions: list[Any]
     tokens = [_text(llm, t) for t in ids]
     offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
     lps = [None if p is None else p[t].logprob for t, p in zip(ids, positions, strict=True)]
+    # OpenAI's legacy shape (and vLLM's): the token itself, then the alternatives ranked 1..n
     tops = [
-        None if p is None else {v.decoded_token: v.logprob for v in p.values() if v.rank <= n}
-        for p in positions
+        None
+        if p is None
+        else {v.decoded_token: v.logprob for k, v in p.items() if k == t or v.rank <= n}
+        for t, p in zip(ids, positions, strict=True)
     ]
     return tokens, lps, tops, offsets
 
@@ -78,7 +81,7 @@ def test_completion_logprobs_shape_and_values(client: Any, llm: LLM) -> None:
     assert lp.tokens == tokens and lp.text_offset == offsets
     assert lp.token_logprobs == pytest.approx(lps, abs=1e-6)
     assert [set(t) for t in lp.top_logprobs] == [set(t) for t in tops]
-    assert all(len(t) <= 3 for t in lp.top_logprobs)
+    assert all(len(t) <= 4 for t in lp.top_logprobs)
     for got, exp in zip(lp.top_logprobs, tops, strict=True):
         assert got == pytest.approx(exp, abs=1e-6)
 

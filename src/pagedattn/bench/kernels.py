@@ -11,7 +11,7 @@ carry over between machines:
   by that time;
 * ``read GB/s``: a read-only pass over the same K and V pages (a parallel Numba float32 sum of
   every 4 bytes, as many threads as the kernel), bytes read / time; ``% read`` is the paged
-  kernel's KV GB/s over it (the "vs read pass" comparison: goal >= 80 % at batch 32);
+  kernel's KV GB/s over it (the "vs read pass" comparison);
 * ``copy GB/s``: ``np.copyto`` between two buffers of the same size as that K+V, counting
   bytes read plus bytes written (``2 * size``, as STREAM's Copy does);
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)`` on dense

@@ -35,7 +35,7 @@ def bench_generate(
     repeats: Annotated[int, typer.Option(help="Timed prefills (median).")] = 3,
     threads: Annotated[int, typer.Option(help="numba / BLAS / torch threads.")] = 2,
     startup: Annotated[
-        bool, typer.Option(help='Also time cold `generate "Hi" --max-tokens 1` (2 s goal).')
+        bool, typer.Option(help='Also time cold `generate "Hi" --max-tokens 1` beside its floors.')
     ] = True,
     backend: BackendsOption = None,
     activations: ActivationsOption = "float32",

@@ -42,7 +42,7 @@ def bench_kernels(
             "--kv-cache-dtype",
             metavar="float32|float16|int8",
             help="Storage of the paged pool (repeatable: one table section each, then the "
-            "dtypes timed interleaved against float16, with int8's goal); torch SDPA always "
+            "dtypes timed interleaved, each as a ratio to float16); torch SDPA always "
             "reads float32.",
         ),
     ] = None,
@@ -75,8 +75,8 @@ def bench_kernels(
         console.print(TORCH_HINT)
 
     comparisons = Table(title="same-run comparisons of the paged kernel")
-    for name in ("row", "comparison", "measured", "goal", "met"):
-        comparisons.add_column(name, justify="right" if name in ("measured", "goal") else "left")
+    for name in ("row", "comparison", "measured"):
+        comparisons.add_column(name, justify="right" if name == "measured" else "left")
     for dtype in dtypes:
         table = Table()
         columns = ("batch", "context", "paged ms", "KV GB/s", "read GB/s", "% read")
@@ -104,9 +104,8 @@ def bench_kernels(
             if has_torch and r.torch_ms is not None and r.speedup is not None:
                 row += [f"{r.torch_ms:.3f}", f"{r.speedup:.2f}x"]
             table.add_row(*row)
-            for label, value, goal, verdict in kernel_comparisons(b, r.pct_read, r.speedup):
-                where = f"{dtype} KV, batch {b}, context {c}"
-                comparisons.add_row(where, label, value, goal, verdict)
+            for label, value in kernel_comparisons(r.pct_read, r.speedup):
+                comparisons.add_row(f"{dtype} KV, batch {b}, context {c}", label, value)
         layer = numba.threading_layer()  # type: ignore[attr-defined]  # known after a call
         table.title = (
             f"decode attention, {dtype} KV pool, {numba.get_num_threads()} threads "
@@ -138,7 +137,7 @@ def _print_dtype_comparison(
     repeats: int,
 ) -> None:
     """The paged kernel over each dtype's copy of the same K/V, timed interleaved, and each
-    dtype's speed over float16's (int8's goal at batch 32, context 2048) as comparison rows."""
+    dtype's speed over float16's as comparison rows."""
     from rich.table import Table
 
     from pagedattn.bench.kv_dtypes import kv_dtype_comparisons, kv_dtype_decode_ms
@@ -149,6 +148,6 @@ def _print_dtype_comparison(
     for b, c in itertools.product(batches, contexts):
         ms = kv_dtype_decode_ms(b, c, repeats, dtypes)
         table.add_row(str(b), str(c), *(f"{ms[d]:.3f}" for d in dtypes))
-        for label, value, goal, verdict in kv_dtype_comparisons(b, c, ms):
-            comparisons.add_row(f"batch {b}, context {c}", label, value, goal, verdict)
+        for label, value in kv_dtype_comparisons(ms):
+            comparisons.add_row(f"batch {b}, context {c}", label, value)
     console.print(table)

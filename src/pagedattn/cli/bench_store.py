@@ -37,7 +37,7 @@ def bench_store(
     ] = None,
 ) -> None:
     """Time to first token of one --prompt-len prompt on a fresh engine: recomputed vs restored
-    from the disk tier vs from Redis (goal: restore >= 10x faster), and the tier's write
+    from the disk tier vs from Redis, as same-run ratios, and the tier's write
     throughput vs the same run's raw file-write bandwidth."""
     from rich.console import Console
     from rich.table import Table

@@ -73,6 +73,22 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = 4 * 1024 * 1024,
+    max_logprobs: Annotated[
+        int,
+        typer.Option(
+            min=-1,
+            metavar="N",
+            help="Most logprobs per token a request may ask for; -1: the whole vocabulary.",
+            rich_help_panel=SERVER,
+        ),
+    ] = 20,
+    enable_server_load_tracking: Annotated[
+        bool,
+        typer.Option(
+            help="GET /load counts the generation requests in flight.",
+            rich_help_panel=SERVER,
+        ),
+    ] = False,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -120,8 +136,8 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """Serve /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
-    /tokenizer_info, /version, /health and /metrics.
+    """Serve /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /tokenize,
+    /detokenize, /tokenizer_info, /version, /invocations, /load, /health and /metrics.
 
     With --replicas > 1 or --ray-address, N engine replicas run on Ray Serve behind one
     ingress with the same routes (see deploy/README.md).
@@ -134,6 +150,10 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     if replicas > 1 or ray_address is not None:
+        if max_logprobs != 20 or enable_server_load_tracking:
+            flag = "--max-logprobs" if max_logprobs != 20 else "--enable-server-load-tracking"
+            typer.echo(f"error: {flag} is served by one process only (no --replicas)", err=True)
+            raise typer.Exit(code=2)
         from pagedattn.cli.serve_cluster import serve_cluster
 
         serve_cluster(
@@ -173,6 +193,8 @@ def serve(
             default_max_tokens=default_max_tokens,
             health_stall_s=health_stall_s,
             max_request_bytes=max_request_bytes,
+            max_logprobs=max_logprobs,
+            enable_server_load_tracking=enable_server_load_tracking,
             **engine_kwargs,
         )
     except (FileNotFoundError, ValueError) as exc:

@@ -4,6 +4,9 @@ frequency and presence penalties, with vLLM's meanings (``vllm/v1/sample``), in 
 Definitions (one logits row ``z`` of the next token; ``prompt`` / ``output`` are the request's
 prompt and generated token ids; ``c[j]`` counts token ``j`` in ``output``):
 
+- allowed_token_ids: every other ``z[j] = -inf``.
+- bad_words_token_ids: for each sequence ``w``, ``z[w[-1]] = -inf`` when ``output`` ends with
+  ``w[:-1]`` (vLLM's ``bad_words``).
 - min_tokens: while ``len(output) < min_tokens``, ``z[j] = -inf`` for every end-of-sequence id
   and ``stop_token_ids`` entry (HF's ``MinNewTokensLengthLogitsProcessor``).
 - logit_bias: ``z[j] += bias[j]``; a bias of -100 sets ``z[j] = -inf`` (a ban, as OpenAI says).
@@ -48,6 +51,17 @@ def apply_logits_processing(
     vocab = z.shape[0]
     for proc in params.logits_processors:
         z = np.asarray(proc(output_token_ids, z), dtype=np.float32)
+    if params.allowed_token_ids is not None:
+        keep = np.asarray(params.allowed_token_ids, np.int64)
+        kept = z[keep]
+        z[:] = -np.inf
+        z[keep] = kept
+    for seq in params.bad_words_token_ids:
+        head = len(seq) - 1
+        if head <= len(output_token_ids) and (
+            head == 0 or list(output_token_ids[len(output_token_ids) - head :]) == list(seq[:head])
+        ):
+            z[seq[-1]] = -np.inf
     if len(output_token_ids) < params.min_tokens:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -78,5 +92,10 @@ def apply_logits_processing(
 def needs_processing(params: SamplingParams) -> bool:
     """True when :func:`apply_logits_processing` would change a row for ``params``."""
     return bool(
-        params.logits_processors or params.min_tokens or params.logit_bias or params.has_penalties
+        params.logits_processors
+        or params.min_tokens
+        or params.logit_bias
+        or params.has_penalties
+        or params.allowed_token_ids is not None
+        or params.bad_words_token_ids
     )

@@ -4,9 +4,10 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 server-sent events ending in ``data: [DONE]`` when ``stream`` is true), ``POST /v1/responses``
 (OpenAI's Responses API for text, :mod:`pagedattn.server.responses_api`), ``GET /health`` and
 ``GET /metrics``, and vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``
-and ``GET /version`` (:mod:`pagedattn.server.tokenize`). With an API key every route but
-``/health`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an OpenAI error
-body otherwise).
+and ``GET /version`` (:mod:`pagedattn.server.tokenize`), ``POST /invocations``, ``/ping`` and
+``GET /load`` (:mod:`pagedattn.server.vllm_routes`). With an API key every route but
+``/health``, ``/ping`` and ``/version`` needs ``Authorization: Bearer <key>`` (401 with an
+OpenAI error body otherwise).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pagedattn.server.responses_api import ResponsesRequest
 from pagedattn.server.responses_stream import ResponsesServing
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
+from pagedattn.server.vllm_routes import ServerLoad, add_vllm_routes
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -52,6 +54,8 @@ def create_app(
     health_stall_s: float = 60.0,
     engine_client: EngineClient | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_logprobs: int = 20,
+    enable_server_load_tracking: bool = False,
 ) -> FastAPI:
     """Build the app around ``engine``; its engine thread starts with the app (or at the first
     request when the ASGI server runs no lifespan) and stops at shutdown; it is never
@@ -71,6 +75,9 @@ def create_app(
         max_request_bytes: the largest request body; a larger one is a 413, refused as soon
             as its ``Content-Length`` or the bytes read so far pass the limit (the body is
             read in the ASGI server's chunks and never held whole).
+        max_logprobs: the most logprobs per position a request may ask for (vLLM's
+            ``--max-logprobs``); -1 = the whole vocabulary (what ``-1`` in a request asks).
+        enable_server_load_tracking: ``GET /load`` counts the generation requests in flight.
 
     Returns:
         The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
@@ -85,7 +92,10 @@ def create_app(
         async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
     else:
         async_engine, metrics = engine_client, engine_client.metrics
-    serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:])
+    if max_logprobs < -1:
+        raise ValueError(f"max_logprobs: expected -1 or an int >= 0, got {max_logprobs}")
+    serving = OpenAIServing(async_engine, names[0], default_max_tokens, names[1:], max_logprobs)
+    load = ServerLoad(enable_server_load_tracking)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,7 +160,7 @@ def create_app(
         request: p.CompletionRequest, raw: Request
     ) -> JSONResponse | StreamingResponse:
         """OpenAI text completions."""
-        return await serving.respond(raw, request)
+        return await load.track(serving.respond(raw, request))
 
     @app.post(
         "/v1/chat/completions",
@@ -162,7 +172,7 @@ def create_app(
         request: p.ChatCompletionRequest, raw: Request
     ) -> JSONResponse | StreamingResponse:
         """OpenAI chat completions (the model's chat template renders the conversation)."""
-        return await serving.respond(raw, request)
+        return await load.track(serving.respond(raw, request))
 
     responses = ResponsesServing(serving)
 
@@ -171,9 +181,10 @@ def create_app(
         request: ResponsesRequest, raw: Request
     ) -> JSONResponse | StreamingResponse:
         """OpenAI Responses API: text in, text out (:mod:`pagedattn.server.responses_api`)."""
-        return await responses.respond(raw, request)
+        return await load.track(responses.respond(raw, request))
 
     add_tokenizer_routes(app, serving.served, auth, _ERRORS)
+    add_vllm_routes(app, chat_completions, completions, load, auth, _ERRORS, health)
     return app
 
 
@@ -185,6 +196,8 @@ def build_app(
     default_max_tokens: int = 1024,
     health_stall_s: float = 60.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_logprobs: int = 20,
+    enable_server_load_tracking: bool = False,
     **engine_options: Any,
 ) -> FastAPI:
     """Load a model and build its app (what ``pagedattn serve`` runs).
@@ -193,8 +206,8 @@ def build_app(
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
         served_model_name: the name (or names) clients use; None or empty = the file or folder
             name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
-        api_key, default_max_tokens, health_stall_s, max_request_bytes: see
-            :func:`create_app`.
+        api_key, default_max_tokens, health_stall_s, max_request_bytes, max_logprobs,
+        enable_server_load_tracking: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
 
     Raises:
@@ -216,4 +229,6 @@ def build_app(
         default_max_tokens=default_max_tokens,
         health_stall_s=health_stall_s,
         max_request_bytes=max_request_bytes,
+        max_logprobs=max_logprobs,
+        enable_server_load_tracking=enable_server_load_tracking,
     )

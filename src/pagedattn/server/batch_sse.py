@@ -28,15 +28,19 @@ async def batch_sse_events(
     usage: bool,
     decode: Callable[[int], str],
     on_unexpected: Callable[[BaseException], None] | None = None,
+    continuous: bool = False,
 ) -> AsyncIterator[str]:
     """The events of one completions request with several prompts (see the module
     docstring); ``streams[k]`` runs ``prepared[k]``. Cancellation (client gone) aborts every
-    prompt's request."""
+    prompt's request. ``continuous``: every chunk carries its choice's usage so far (its
+    prompt's tokens, the tokens it generated), as :func:`pagedattn.server.sse.sse_events`."""
     created = p.now_s()
     offsets: dict[int, int] = {}  # text_offset so far, per response index
     last: dict[int, RequestOutput] = {}  # each prompt's latest output (its token counts)
     num_generated = 0
     started: set[int] = set()
+    generated: dict[int, int] = {}  # tokens generated so far, per response index
+    prompt_sent: set[int] = set()  # response indices whose prompt token ids went out
 
     def chunk(k: int, out: RequestOutput, c: CompletionOutput, prompt: bool, finish: bool) -> str:
         prep = prepared[k]
@@ -49,11 +53,19 @@ async def batch_sse_events(
             with_prompt=prompt,
             initial_offset=offsets.get(index, 0),
             finish=finish,
+            prompt_ids=index not in prompt_sent,
         )
+        prompt_sent.add(index)
         if choice.logprobs is not None:
             offsets[index] = offsets.get(index, 0) + sum(map(len, choice.logprobs.tokens))
         choice = choice.model_copy(update={"index": index})
-        body = p.Completion(id=request_id, created=created, model=model, choices=[choice])
+        counts = None
+        if continuous:
+            num_prompt = len(prep.prompt_token_ids)
+            counts = p.make_usage(num_prompt, generated.get(index, 0), out.num_cached_tokens)
+        body = p.Completion(
+            id=request_id, created=created, model=model, choices=[choice], usage=counts
+        )
         return _event(p.dump(body))
 
     merged = merge_streams(streams)
@@ -71,7 +83,10 @@ async def batch_sse_events(
             last[k] = out
             for c in out.outputs:
                 num_generated += len(c.token_ids)
-                if c.text or (prep.num_top is not None and c.token_ids):
+                index = choice_index(k, prep, c.index)
+                generated[index] = generated.get(index, 0) + len(c.token_ids)
+                with_ids = prep.token_ids and c.token_ids
+                if c.text or with_ids or (prep.num_top is not None and c.token_ids):
                     yield chunk(k, out, c, False, False)
                 if c.finish_reason is not None:
                     empty = CompletionOutput(

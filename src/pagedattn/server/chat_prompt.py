@@ -10,7 +10,10 @@
   the names the server sets itself (``messages``, ``add_generation_prompt``,
   ``continue_final_message``, ``tools``, ``chat_template``) are refused there.
 - ``tools`` reach the template as ``tools``; an assistant message's ``tool_calls`` reach it
-  with their arguments as objects (see :mod:`pagedattn.server.tools`).
+  with their arguments as objects (see :mod:`pagedattn.server.tools`); vLLM's ``documents``
+  reach it as ``documents``.
+- vLLM's ``add_special_tokens`` (default false: the template writes its own): true adds the
+  tokenizer's special tokens (BOS...) around the rendered prompt.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ def chat_prompt_ids(
         req.chat_template_kwargs,
         req.tools,
     )
+    if req.documents is not None:
+        options["documents"] = req.documents
     field = "chat_template" if req.chat_template is not None else "messages"
     try:
         text = tokenizer.apply_chat_template(chat_messages(req), **options)
@@ -110,7 +115,8 @@ def chat_prompt_ids(
         raise APIError(400, str(exc), param=param) from exc
     if check_text is not None:
         check_text(text)
-    ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    special = bool(req.add_special_tokens)
+    ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=special)]
     if not ids:
         raise APIError(400, "messages: the rendered prompt is empty", param="messages")
     return ids

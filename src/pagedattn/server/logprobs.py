@@ -1,10 +1,13 @@
 """Engine logprobs -> OpenAI's two response shapes.
 
 Completions (``logprobs: N``): parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs``
-(token text -> logprob of the alternatives ranked 1..N; None for the first prompt token under
-``echo``) and ``text_offset`` (each token's character offset in the choice text, counted from
+(token text -> logprob of the token itself, then of the alternatives ranked 1..N, as OpenAI's
+legacy API and vLLM: ``logprobs: 0`` still lists the token; None for the first prompt token
+under ``echo``) and ``text_offset`` (each token's character offset in the choice text, counted from
 ``initial_offset``, as vLLM does). Chat (``logprobs: true``, ``top_logprobs: N``): one
-``{token, logprob, bytes, top_logprobs: [...]}`` per generated token.
+``{token, logprob, bytes, top_logprobs: [...]}`` per generated token, the alternatives ranked
+1..N. With ``as_ids`` (vLLM's ``return_tokens_as_token_ids``) every token is spelled
+``token_id:<id>``.
 """
 
 from __future__ import annotations
@@ -22,16 +25,23 @@ def _finite(x: float) -> float:
     return x if x > _FLOOR else _FLOOR
 
 
-def _text(pos: PositionLogprobs | None, token_id: int, decode: Callable[[int], str]) -> str:
+def _text(
+    pos: PositionLogprobs | None, token_id: int, decode: Callable[[int], str], as_ids: bool
+) -> str:
+    if as_ids:
+        return f"token_id:{token_id}"
     if pos is not None and token_id in pos and pos[token_id].decoded_token is not None:
         return str(pos[token_id].decoded_token)
     return decode(token_id)
 
 
-def _top(pos: PositionLogprobs, num_top: int) -> list[tuple[int, str, float]]:
+def _top(pos: PositionLogprobs, num_top: int, as_ids: bool) -> list[tuple[int, str, float]]:
     """The ranked 1..num_top alternatives as (id, text, logprob), most likely first."""
     ranked = sorted((lp.rank or 0, tid) for tid, lp in pos.items() if (lp.rank or 0) <= num_top)
-    return [(tid, pos[tid].decoded_token or "", pos[tid].logprob) for _, tid in ranked]
+    return [
+        (tid, f"token_id:{tid}" if as_ids else pos[tid].decoded_token or "", pos[tid].logprob)
+        for _, tid in ranked
+    ]
 
 
 def completion_logprobs(
@@ -40,6 +50,7 @@ def completion_logprobs(
     num_top: int,
     decode: Callable[[int], str],
     initial_offset: int = 0,
+    as_ids: bool = False,
 ) -> p.CompletionLogprobs:
     """Completions-shaped logprobs of ``token_ids`` (one ``positions`` entry per token).
 
@@ -51,7 +62,7 @@ def completion_logprobs(
     out = p.CompletionLogprobs()
     offset = initial_offset
     for token_id, pos in zip(token_ids, positions, strict=True):
-        text = _text(pos, token_id, decode)
+        text = _text(pos, token_id, decode, as_ids)
         out.tokens.append(text)
         out.text_offset.append(offset)
         offset += len(text)
@@ -59,8 +70,11 @@ def completion_logprobs(
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
             continue
-        out.token_logprobs.append(_finite(pos[token_id].logprob))
-        out.top_logprobs.append({t: _finite(lp) for _, t, lp in _top(pos, num_top)})
+        own = _finite(pos[token_id].logprob)
+        out.token_logprobs.append(own)
+        top = {text: own}  # the token itself first, then the ranked alternatives
+        top.update({t: _finite(lp) for _, t, lp in _top(pos, num_top, as_ids)})
+        out.top_logprobs.append(top)
     return out
 
 
@@ -69,6 +83,7 @@ def chat_logprobs(
     positions: Sequence[PositionLogprobs],
     num_top: int,
     decode: Callable[[int], str],
+    as_ids: bool = False,
 ) -> p.ChatLogprobs:
     """Chat-shaped logprobs of generated ``token_ids``.
 
@@ -79,10 +94,10 @@ def chat_logprobs(
         raise ValueError(f"positions: expected {len(token_ids)} entries, got {len(positions)}")
     content = []
     for token_id, pos in zip(token_ids, positions, strict=True):
-        text = _text(pos, token_id, decode)
+        text = _text(pos, token_id, decode, as_ids)
         top = [
             p.TopLogprob(token=t, logprob=_finite(lp), bytes=list(t.encode("utf-8")))
-            for _, t, lp in _top(pos, num_top)
+            for _, t, lp in _top(pos, num_top, as_ids)
         ]
         content.append(
             p.ChatTokenLogprob(

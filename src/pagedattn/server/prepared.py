@@ -23,6 +23,10 @@ class Prepared:
         tools: how a chat request calls tools (:mod:`pagedattn.server.tools`), else None.
         prompt_logprobs: alternatives per prompt token in the response's ``prompt_logprobs``
             (:mod:`pagedattn.server.prompt_logprobs`); None = not asked.
+        token_ids: the response carries the prompt's and the choices' token ids (vLLM's
+            ``return_token_ids``).
+        tokens_as_ids: logprob tokens are spelled ``token_id:<id>`` (vLLM's
+            ``return_tokens_as_token_ids``).
     """
 
     prompt_token_ids: list[int]
@@ -31,3 +35,5 @@ class Prepared:
     num_top: int | None = None
     tools: ToolPlan | None = None
     prompt_logprobs: int | None = None
+    token_ids: bool = False
+    tokens_as_ids: bool = False

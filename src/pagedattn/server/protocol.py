@@ -94,6 +94,7 @@ from pagedattn.server.reply_models import (
 )
 from pagedattn.server.request_base import OpenAIRequest
 from pagedattn.server.structured_outputs import StructuredOutputs
+from pagedattn.server.vllm_request import VLLMChatFields, VLLMSamplingFields
 
 
 def random_id(prefix: str) -> str:
@@ -125,15 +126,18 @@ class ResponseFormat(OpenAIRequest):
 
 
 class StreamOptions(OpenAIRequest):
-    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices;
+    with it, vLLM's ``continuous_usage_stats`` puts the usage so far on every chunk."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class SamplingFields(OpenAIRequest):
+class SamplingFields(VLLMSamplingFields):
     """Fields shared by both generation endpoints (OpenAI's, plus vLLM's sampling extensions
     ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
-    ``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``).
+    ``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``, and those of
+    :mod:`pagedattn.server.vllm_request`).
 
     ``max_tokens`` (or ``max_completion_tokens``, which wins when both are set) must be >= 1
     (0 is allowed with completions' ``echo``); None = as many as the model context and the KV
@@ -171,7 +175,7 @@ class SamplingFields(OpenAIRequest):
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
     structured_outputs: StructuredOutputs | None = None
-    # the prompt's own logprobs (vLLM's format; server/prompt_logprobs.py)
+    # the prompt's own logprobs (vLLM's format; server/prompt_logprobs.py); -1 = the vocabulary
     prompt_logprobs: int | None = None
     # false: never draft tokens for this request (speculation never changes the output)
     speculative: bool = True
@@ -203,9 +207,10 @@ class TextPart(OpenAIRequest):
 
 class ChatMessage(OpenAIRequest):
     """One message; content as a string or a list of text parts (joined). Other fields
-    (``tool_calls``, ``tool_call_id``...) reach the chat template as they are."""
+    (``tool_calls``, ``tool_call_id``...) reach the chat template as they are, and so does any
+    role (the template decides what it accepts, as in vLLM)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -218,7 +223,7 @@ class ChatMessage(OpenAIRequest):
         return "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, VLLMChatFields):
     """``POST /v1/chat/completions``: the model's chat template renders the conversation.
     ``logprobs: true`` reports each generated token's logprob, ``top_logprobs`` (0..20, needs
     ``logprobs``) its most likely alternatives."""

@@ -58,6 +58,8 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (left out when None)
+    token_ids: list[int] | None = None
 
 
 class Completion(BaseModel):
@@ -127,6 +129,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids (left out when None)
 
 
 class ChatCompletion(BaseModel):
@@ -138,6 +141,7 @@ class ChatCompletion(BaseModel):
     usage: Usage
     system_fingerprint: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (left out when None)
 
 
 class ChatDelta(BaseModel):
@@ -151,6 +155,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids (left out when None)
 
 
 class ChatCompletionChunk(BaseModel):
@@ -161,6 +166,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids, on the first chunk
 
 
 class ModelCard(BaseModel):
@@ -191,6 +197,14 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")  # present only when asked (vLLM's rule)
+
+
 def dump(model: BaseModel) -> dict[str, Any]:
-    """JSON-ready dict of a response model."""
-    return model.model_dump(mode="json")
+    """JSON-ready dict of a response model (vLLM's token-id fields only when set)."""
+    data = model.model_dump(mode="json")
+    for part in (data, *(data.get("choices") or ())):
+        for key in TOKEN_ID_FIELDS:
+            if key in part and part[key] is None:
+                del part[key]
+    return data

@@ -39,9 +39,11 @@ def completion_choice(
     with_prompt: bool,
     initial_offset: int = 0,
     finish: bool = True,
+    prompt_ids: bool | None = None,
 ) -> p.CompletionChoice:
     """One completions choice for ``c`` (the whole completion, or one delta of it); under echo
-    and ``with_prompt`` the prompt text and its logprobs come first."""
+    and ``with_prompt`` the prompt text and its logprobs come first. Asked for token ids, the
+    choice carries ``c``'s and (``prompt_ids``, default ``with_prompt``) the prompt's."""
     text, ids = c.text, list(c.token_ids)
     positions: list[PositionLogprobs | None] = list(c.logprobs or [])
     if with_prompt and prepared.echo_text is not None:
@@ -51,7 +53,11 @@ def completion_choice(
             positions = [*echo_logprobs(out), *positions]
     logprobs = None
     if prepared.num_top is not None:
-        logprobs = completion_logprobs(ids, positions, prepared.num_top, decode, initial_offset)
+        logprobs = completion_logprobs(
+            ids, positions, prepared.num_top, decode, initial_offset, prepared.tokens_as_ids
+        )
+    with_ids = prepared.token_ids
+    send_prompt = with_prompt if prompt_ids is None else prompt_ids
     return p.CompletionChoice(
         index=c.index,
         text=text,
@@ -59,6 +65,8 @@ def completion_choice(
         finish_reason=openai_finish_reason(c) if finish else None,
         stop_reason=c.stop_reason if finish else None,
         prompt_logprobs=asked_prompt_logprobs(out, prepared, decode) if with_prompt else None,
+        prompt_token_ids=list(out.prompt_token_ids) if with_ids and send_prompt else None,
+        token_ids=list(c.token_ids) if with_ids else None,
     )
 
 
@@ -103,7 +111,9 @@ def chat_choice_logprobs(
     """Chat logprobs of ``c``'s tokens when asked, else None."""
     if prepared.num_top is None:
         return None
-    return chat_logprobs(c.token_ids, c.logprobs or [], prepared.num_top, decode)
+    return chat_logprobs(
+        c.token_ids, c.logprobs or [], prepared.num_top, decode, prepared.tokens_as_ids
+    )
 
 
 def chat_response(
@@ -128,6 +138,7 @@ def chat_response(
                 logprobs=chat_choice_logprobs(c, prepared, decode),
                 finish_reason=reason,
                 stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if prepared.token_ids else None,
             )
         )
     return p.ChatCompletion(
@@ -137,4 +148,5 @@ def chat_response(
         choices=choices,
         usage=usage_of(out, sum(len(c.token_ids) for c in out.outputs)),
         prompt_logprobs=asked_prompt_logprobs(out, prepared, decode),
+        prompt_token_ids=list(out.prompt_token_ids) if prepared.token_ids else None,
     )

@@ -46,6 +46,8 @@ class OpenAIServing:
             or longer.
         aliases: more names clients may pass as ``model`` (``--served-model-name`` repeated);
             a response names the model as the request did.
+        max_logprobs: the most logprobs per position a request may ask for; -1 = the whole
+            vocabulary (vLLM's ``--max-logprobs``).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class OpenAIServing:
         model_name: str,
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),
+        max_logprobs: int = 20,
     ) -> None:
         self.async_engine = async_engine
         self.engine: LLMEngine = async_engine.engine
@@ -67,7 +70,9 @@ class OpenAIServing:
             self.engine.tokenizer,
             lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
-        self.prepare = RequestPreparer(self.engine, self.served, default_max_tokens, tool_planner)
+        self.prepare = RequestPreparer(
+            self.engine, self.served, default_max_tokens, tool_planner, max_logprobs
+        )
 
     async def respond(
         self, raw: Request, req: p.CompletionRequest | p.ChatCompletionRequest
@@ -92,25 +97,30 @@ class OpenAIServing:
         self.async_engine.start()
         if not self.async_engine.is_running:
             raise _unavailable(EngineDeadError(self.async_engine.death or "engine not running"))
-        request_id = p.random_id("chatcmpl-" if chat else "cmpl-")
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        request_id = p.random_id(prefix)  # the engine's: unique whatever the client sends
+        response_id = request_id if req.request_id is None else prefix + req.request_id
         if len(batch) > 1:
-            return await self._respond_batch(raw, req, batch, request_id, model_name, arrival_time)
+            return await self._respond_batch(
+                raw, req, batch, (request_id, response_id), model_name, arrival_time
+            )
         prepared = batch[0]
         outputs = self.async_engine.generate(
             prepared.prompt_token_ids, prepared.params, request_id, arrival_time
         )
         if req.stream:
-            usage = req.stream_options is not None and req.stream_options.include_usage
+            usage, continuous = _usage_options(req)
             metrics = self.async_engine.metrics
             body = sse_events(
                 outputs,
-                request_id,
+                response_id,
                 model_name,
                 chat,
                 usage,
                 prepared,
                 self.token_text,
                 on_unexpected=None if metrics is None else metrics.count_unexpected,
+                continuous=continuous,
             )
             return StreamingResponse(body, media_type="text/event-stream")
         try:
@@ -121,7 +131,7 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         _raise_failure(final)
         build = chat_response if chat else completion_response
-        response = build(final, request_id, model_name, prepared, self.token_text)
+        response = build(final, response_id, model_name, prepared, self.token_text)
         return JSONResponse(p.dump(response))
 
     def constrained(
@@ -144,12 +154,14 @@ class OpenAIServing:
         raw: Request,
         req: p.CompletionRequest | p.ChatCompletionRequest,
         batch: list[Prepared],
-        request_id: str,
+        ids: tuple[str, str],
         model_name: str,
         arrival_time: float,
     ) -> JSONResponse | StreamingResponse:
         """Answer a completions request with several prompts
-        (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt."""
+        (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt. ``ids``: the
+        engine's request id and the response's."""
+        request_id, response_id = ids
         streams = [
             self.async_engine.generate(
                 pr.prompt_token_ids, pr.params, f"{request_id}-{k}", arrival_time
@@ -157,16 +169,17 @@ class OpenAIServing:
             for k, pr in enumerate(batch)
         ]
         if req.stream:
-            usage = req.stream_options is not None and req.stream_options.include_usage
+            usage, continuous = _usage_options(req)
             metrics = self.async_engine.metrics
             body = batch_sse_events(
                 streams,
                 batch,
-                request_id,
+                response_id,
                 model_name,
                 usage,
                 self.token_text,
                 on_unexpected=None if metrics is None else metrics.count_unexpected,
+                continuous=continuous,
             )
             return StreamingResponse(body, media_type="text/event-stream")
         try:
@@ -177,12 +190,22 @@ class OpenAIServing:
             return JSONResponse(error_body(499, "client disconnected"), status_code=499)
         for final in finals:
             _raise_failure(final)
-        response = batch_completion_response(finals, batch, request_id, model_name, self.token_text)
+        response = batch_completion_response(
+            finals, batch, response_id, model_name, self.token_text
+        )
         return JSONResponse(p.dump(response))
 
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens included)."""
         return str(self.engine.tokenizer.decode([token_id], skip_special_tokens=False))
+
+
+def _usage_options(req: p.SamplingFields) -> tuple[bool, bool]:
+    """(a final usage chunk, usage on every chunk): ``stream_options.include_usage`` and, with
+    it, vLLM's ``continuous_usage_stats`` (vLLM's rule: alone it adds nothing)."""
+    options = req.stream_options
+    usage = options is not None and options.include_usage
+    return usage, usage and options is not None and options.continuous_usage_stats
 
 
 def _unavailable(exc: EngineDeadError) -> APIError:

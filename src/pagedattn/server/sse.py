@@ -92,10 +92,16 @@ async def sse_events(
     prepared: Prepared,
     decode: Callable[[int], str],
     on_unexpected: Callable[[BaseException], None] | None = None,
+    continuous: bool = False,
 ) -> AsyncIterator[str]:
     """Server-sent events: per choice a chunk per delta that has text or logprobs (under
     completions ``echo`` the prompt first), its finish chunk, an optional usage chunk, then
     ``data: [DONE]``. Cancellation (client gone) aborts the request via ``outputs``.
+
+    ``continuous`` (vLLM's ``stream_options.continuous_usage_stats``) puts on every chunk the
+    usage so far of its choice (the prompt's tokens and the tokens that choice generated).
+    Asked for token ids (``prepared.token_ids``), every chunk carries its delta's token ids
+    and the first chunk of each choice the prompt's (vLLM's placement).
 
     A request that fails (rejected, failed by the engine, aborted by shutdown, the engine
     thread died) ends the stream with a final ``data: {"error": {...}}`` event (OpenAI's
@@ -103,6 +109,13 @@ async def sse_events(
     exception that is neither an :class:`APIError` nor the engine's death."""
     created = p.now_s()
     offsets: dict[int, int] = {}  # completions text_offset so far, per choice
+    generated: dict[int, int] = {}  # tokens generated so far, per choice
+    num_prompt = len(prepared.prompt_token_ids)
+    cached = 0
+    prompt_sent: set[int] = set()  # choices whose prompt token ids went out
+
+    def usage_so_far(index: int) -> p.Usage | None:
+        return p.make_usage(num_prompt, generated.get(index, 0), cached) if continuous else None
 
     def completion(out: RequestOutput, c: CompletionOutput, prompt: bool, finish: bool) -> str:
         choice = completion_choice(
@@ -113,13 +126,22 @@ async def sse_events(
             with_prompt=prompt,
             initial_offset=offsets.get(c.index, 0),
             finish=finish,
+            prompt_ids=c.index not in prompt_sent,
         )
+        prompt_sent.add(c.index)
         if choice.logprobs is not None:
             offsets[c.index] = offsets.get(c.index, 0) + sum(map(len, choice.logprobs.tokens))
-        body = p.Completion(id=request_id, created=created, model=model, choices=[choice])
+        body = p.Completion(
+            id=request_id,
+            created=created,
+            model=model,
+            choices=[choice],
+            usage=usage_so_far(c.index),
+        )
         return _event(p.dump(body))
 
     content_event = ContentEvents(request_id, created, model)
+    fast = not (continuous or prepared.token_ids)  # content deltas carry text alone
     plan = prepared.tools
     tool_streams = {} if plan is None else {i: ToolStream(plan) for i in range(prepared.params.n)}
 
@@ -129,16 +151,31 @@ async def sse_events(
         c: CompletionOutput | None,
         fin: bool,
         reason: p.FinishReason | None = None,
+        token_ids: list[int] | None = None,
     ) -> str:
         logprobs = None if c is None or fin else chat_choice_logprobs(c, prepared, decode)
         if reason is None:
             reason = openai_finish_reason(c) if fin and c is not None else None
         choice = p.ChatChunkChoice(
-            index=index, delta=delta, logprobs=logprobs, finish_reason=reason
+            index=index,
+            delta=delta,
+            logprobs=logprobs,
+            finish_reason=reason,
+            token_ids=token_ids if prepared.token_ids else None,
         )
-        data = p.dump(
-            p.ChatCompletionChunk(id=request_id, created=created, model=model, choices=[choice])
+        prompt_ids = None
+        if prepared.token_ids and index not in prompt_sent:
+            prompt_sent.add(index)
+            prompt_ids = list(prepared.prompt_token_ids)
+        chunk = p.ChatCompletionChunk(
+            id=request_id,
+            created=created,
+            model=model,
+            choices=[choice],
+            usage=usage_so_far(index),
+            prompt_token_ids=prompt_ids,
         )
+        data = p.dump(chunk)
         # like OpenAI, a delta lists only the fields it sets
         data["choices"][0]["delta"] = {
             k: v for k, v in data["choices"][0]["delta"].items() if v is not None
@@ -158,20 +195,24 @@ async def sse_events(
                 failure = failure_of(out) if out.finished else None
                 if failure is not None:
                     raise failure
+                cached = out.num_cached_tokens
                 if first and not chat and prepared.echo_text is not None:
                     for i in range(prepared.params.n):
                         yield completion(out, CompletionOutput(index=i), True, False)
                 first = False
                 for c in out.outputs:
                     num_generated += len(c.token_ids)
+                    generated[c.index] = generated.get(c.index, 0) + len(c.token_ids)
                     has_logprobs = prepared.num_top is not None and c.token_ids
                     stream = tool_streams.get(c.index)
                     text = c.text if stream is None else stream.feed(c.text)
-                    if text or has_logprobs:
-                        if chat and prepared.num_top is None:
+                    ids = list(c.token_ids)
+                    if text or has_logprobs or (prepared.token_ids and ids):
+                        if chat and prepared.num_top is None and fast:
                             yield content_event(c.index, text)
                         elif chat:
-                            yield chat_chunk(c.index, p.ChatDelta(content=text), c, False)
+                            delta = p.ChatDelta(content=text)
+                            yield chat_chunk(c.index, delta, c, False, None, ids)
                         else:
                             yield completion(out, c, False, False)
                     if c.finish_reason is not None:
@@ -179,10 +220,10 @@ async def sse_events(
                             rest, calls, reason = stream.finish(c)
                             if rest or calls:
                                 delta = p.ChatDelta(content=rest or None, tool_calls=calls or None)
-                                yield chat_chunk(c.index, delta, None, False)
-                            yield chat_chunk(c.index, p.ChatDelta(), c, True, reason)
+                                yield chat_chunk(c.index, delta, None, False, None, [])
+                            yield chat_chunk(c.index, p.ChatDelta(), c, True, reason, [])
                         elif chat:
-                            yield chat_chunk(c.index, p.ChatDelta(), c, True)
+                            yield chat_chunk(c.index, p.ChatDelta(), c, True, None, [])
                         else:
                             empty = CompletionOutput(
                                 index=c.index,
