@@ -1,9 +1,8 @@
-"""Where an engine's time goes: step-phase timers wrapped around a live engine from outside.
+"""Where an engine's time goes: the phase timings every step reports, added up over a workload.
 
-Nothing here is on the default path: :func:`profile_engine` wraps the engine's scheduler,
-runner, model, sampler and detokenizer with ``perf_counter`` pairs for the duration of one
-workload and restores them afterwards. Phases of a step (``LLMEngine.step`` = schedule /
-run / postprocess): ``scheduling``, ``batch build`` (ForwardBatch arrays), ``model forward``,
+:func:`profile_engine` reads each ``LLMEngine.step()``'s
+:class:`~pagedattn.engine.step_report.StepReport`. Phases of a step (schedule / run /
+postprocess): ``scheduling``, ``batch build`` (ForwardBatch arrays), ``model forward``,
 ``sampling``, ``detokenization``, ``postprocess`` (outputs and stop checks, detokenization
 excluded) and ``python overhead`` (the rest of the step's wall time).
 """
@@ -11,13 +10,16 @@ excluded) and ``python overhead`` (the rest of the step's wall time).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pagedattn.engine.llm_engine import LLMEngine
+    from pagedattn.engine.step_report import StepReport
+    from pagedattn.sampling_params import SamplingParams
 
 PHASES = (
     "scheduling",
@@ -57,76 +59,33 @@ class ProfileResult:
         return float(np.percentile(self.token_latencies, q)) if self.token_latencies else 0.0
 
 
-class _Timer:
-    def __init__(self) -> None:
-        self.totals: defaultdict[str, float] = defaultdict(float)
-
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.totals[name] += time.perf_counter() - began
-
-        return timed
-
-
-class _TimedModel:
-    def __init__(self, model: Any, timer: _Timer) -> None:
-        self.model = model
-        self.forward = timer.wrap("model forward", model.forward)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-
-@contextmanager
-def _instrumented(engine: Any, timer: _Timer, unfused: Any) -> Iterator[None]:
-    """Wrap the engine's phases with timers; restore everything on exit."""
-    from pagedattn.engine import model_runner
-    from pagedattn.model.detokenizer import IncrementalDetokenizer
-
-    sched, runner = engine.scheduler, engine.runner
-    sample = getattr(model_runner, "sample_each")  # noqa: B009 - the runner's module global
-    saved = (sched.schedule, sched.postprocess, runner.build, runner.model, sample)
-    saved_detok = (IncrementalDetokenizer.add_token, IncrementalDetokenizer.flush)
-    sched.schedule = timer.wrap("scheduling", sched.schedule)
-    sched.postprocess = timer.wrap("postprocess", sched.postprocess)
-    runner.build = timer.wrap("batch build", runner.build)
-    runner.model = _TimedModel(unfused if unfused is not None else runner.model, timer)
-    setattr(model_runner, "sample_each", timer.wrap("sampling", sample))  # noqa: B010
-    IncrementalDetokenizer.add_token = timer.wrap(  # type: ignore[method-assign]
-        "detokenization", saved_detok[0]
-    )
-    IncrementalDetokenizer.flush = timer.wrap(  # type: ignore[method-assign]
-        "detokenization", saved_detok[1]
-    )
-    try:
-        yield
-    finally:
-        del sched.schedule, sched.postprocess, runner.build
-        runner.model = saved[3]
-        setattr(model_runner, "sample_each", saved[4])  # noqa: B010
-        IncrementalDetokenizer.add_token, IncrementalDetokenizer.flush = saved_detok  # type: ignore[method-assign]
+def _add_phases(totals: dict[str, float], report: StepReport) -> None:
+    """Add one step's report to the phase totals."""
+    t = report.timings
+    totals["scheduling"] += t.schedule_s
+    totals["batch build"] += t.run.build_s
+    totals["model forward"] += t.run.forward_s
+    totals["sampling"] += t.run.sample_s
+    totals["detokenization"] += t.detokenize_s
+    totals["postprocess"] += t.postprocess_s - t.detokenize_s
 
 
 def profile_engine(
-    engine: Any,
+    engine: LLMEngine,
     prompts: Sequence[Sequence[int]],
-    params: Any,
+    params: SamplingParams,
     *,
-    unfused: bool = False,
     profiler: Any = None,
 ) -> ProfileResult:
-    """Run ``prompts`` (all queued at once) to completion on ``engine`` with timers on.
+    """Run ``prompts`` (all queued at once) to completion on ``engine``, adding up the phase
+    timings each step reports.
 
     Args:
-        engine: a fresh :class:`pagedattn.engine.llm_engine.LLMEngine`.
+        engine: a fresh :class:`pagedattn.engine.llm_engine.LLMEngine`; built on a
+            :class:`pagedattn.bench.unfused.UnfusedProfiler` model, its per-op and per-layer
+            times are reported too.
         prompts: token-id prompts.
         params: their :class:`pagedattn.sampling_params.SamplingParams`.
-        unfused: time each op of each layer (:class:`pagedattn.bench.unfused.UnfusedProfiler`;
-            same logits, small timer overhead).
         profiler: an optional object with ``enable()`` / ``disable()`` (e.g. ``cProfile.Profile``)
             switched on around the steps only.
 
@@ -135,8 +94,9 @@ def profile_engine(
     """
     from pagedattn.bench.unfused import UnfusedProfiler
 
-    timer = _Timer()
-    unfused_model = UnfusedProfiler(engine.runner.model) if unfused else None
+    model = engine.runner.model
+    unfused_model = model if isinstance(model, UnfusedProfiler) else None
+    totals = dict.fromkeys(PHASES[:-1], 0.0)
     arrival: dict[str, float] = {}
     last: dict[str, float] = {}
     result_lat: list[float] = []
@@ -148,35 +108,33 @@ def profile_engine(
         rid = f"profile-{i}"
         engine.add_request(list(p), params, rid)
         arrival[rid] = time.perf_counter()
-    with _instrumented(engine, timer, unfused_model):
+    if profiler is not None:
+        profiler.enable()
+    try:
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            t1 = time.perf_counter()
+            report = outputs.report
+            steps.append(report.timings.total_s)
+            _add_phases(totals, report)
+            peak = max(peak, report.num_pages_used)
+            for out in outputs:
+                n = sum(len(c.token_ids) for c in out.outputs)
+                if n == 0:
+                    continue
+                generated += n
+                rid = out.request_id
+                if rid not in last:
+                    ttfts.append(t1 - arrival[rid])
+                    n -= 1
+                elif n:
+                    result_lat.extend([(t1 - last[rid]) / n] * n)
+                last[rid] = t1
+    finally:
         if profiler is not None:
-            profiler.enable()
-        try:
-            while engine.has_unfinished_requests():
-                t0 = time.perf_counter()
-                outputs = engine.step()
-                t1 = time.perf_counter()
-                steps.append(t1 - t0)
-                stats = engine.get_stats()
-                peak = max(peak, stats["num_pages"] - stats["num_free_pages"])
-                for out in outputs:
-                    n = sum(len(c.token_ids) for c in out.outputs)
-                    if n == 0:
-                        continue
-                    generated += n
-                    rid = out.request_id
-                    if rid not in last:
-                        ttfts.append(t1 - arrival[rid])
-                        n -= 1
-                    elif n:
-                        result_lat.extend([(t1 - last[rid]) / n] * n)
-                    last[rid] = t1
-        finally:
-            if profiler is not None:
-                profiler.disable()
+            profiler.disable()
     wall = time.perf_counter() - began
-    phases = {name: timer.totals.get(name, 0.0) for name in PHASES[:-1]}
-    phases["postprocess"] -= phases["detokenization"]
+    phases = dict(totals)
     phases["python overhead"] = max(sum(steps) - sum(phases.values()), 0.0)
     stats = engine.get_stats()
     queries = stats["prefix_cache_queries"]

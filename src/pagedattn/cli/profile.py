@@ -120,6 +120,7 @@ def profile(
     from rich.table import Table
 
     from pagedattn.bench.profile import parse_sweep, profile_engine, sweep_rows
+    from pagedattn.bench.unfused import UnfusedProfiler
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.model.llama import LlamaModel
@@ -151,12 +152,12 @@ def profile(
                 options.pop("kv_cache_mib")
             engine = LLMEngine(
                 engine_config(model, **options),
-                net,
+                UnfusedProfiler(net) if unfused else net,
                 loaded.tokenizer,
                 model_fingerprint=loaded.fingerprint,
             )
             prof = cProfile.Profile() if cprofile is not None and not sweep else None
-            r = profile_engine(engine, prompts, params, unfused=unfused, profiler=prof)
+            r = profile_engine(engine, prompts, params, profiler=prof)
             if prof is not None and cprofile is not None:
                 prof.dump_stats(str(cprofile))
             results.append(({k: str(v) for k, v in config.items()}, r))

@@ -7,31 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pagedattn.engine.llm_engine import LLMEngine
-    from pagedattn.engine.model_runner import ModelRunner
-    from pagedattn.engine.sampler_output import SamplerOutput
     from pagedattn.sampling_params import SamplingParams
-
-
-class _PeakPages:
-    """Stands in for the engine's model runner and records the pages referenced while each
-    batch runs (after scheduling allocated them, before a finished request frees them)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.runner = engine.runner
-        self.peak = 0
-
-    def run(self, batch: Any) -> SamplerOutput:
-        manager = self.engine.cache_manager
-        self.peak = max(self.peak, manager.num_pages - manager.allocator.num_free_pages)
-        return self.runner.run(batch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
 
 
 @dataclass
@@ -123,11 +103,11 @@ def stream_request(
     result.num_pages = engine.cache_manager.num_pages
     result.page_size = engine.config.cache.page_size
     tier_before = engine.cache_manager.tier_restored_tokens
-    observer = _PeakPages(engine)
-    engine.runner = cast("ModelRunner", observer)
     try:
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            outputs = engine.step()
+            result.peak_pages = max(result.peak_pages, outputs.report.num_pages_used)
+            for out in outputs:
                 if out.request_id != request_id:
                     continue
                 completion = out.outputs[0]
@@ -151,8 +131,6 @@ def stream_request(
             engine.step()
         raise
     finally:
-        engine.runner = observer.runner
-        result.peak_pages = observer.peak
         if engine.kv_tier is not None:
             result.num_tier_tokens = engine.cache_manager.tier_restored_tokens - tier_before
     return result

@@ -68,7 +68,6 @@ class EngineReplica:
 
         warm_up(self.engine, compile_in_parallel=True)
         self.metrics = ServerMetrics(lambda: self.loop.stats, model_name)
-        self.metrics.instrument(self.engine)
         self.loop = AsyncEngine(self.engine, self.metrics, stall_timeout_s=health_stall_s)
         self.loop.start()
         self.structured = StructuredOutput(

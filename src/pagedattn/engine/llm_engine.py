@@ -9,6 +9,7 @@ prompt into a request's sequences, :mod:`pagedattn.engine.engine_stats` gathers 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,15 @@ from pagedattn.engine.engine_stats import engine_stats
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
-from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.engine.scheduler import Scheduler
+from pagedattn.engine.step_output import StepOutput
+from pagedattn.engine.step_plan import StepPlan
+from pagedattn.engine.step_report import (
+    StepCounters,
+    StepResult,
+    StepTimings,
+    step_report,
+)
 from pagedattn.model.build import build_model, resolve_model_backend
 from pagedattn.sampling_params import SamplingParams
 
@@ -180,7 +188,7 @@ class LLMEngine:
         self.scheduler.add(group)
         return group.request_id
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepResult:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
         Each phase commits or rolls back: a schedule that raises gives back what it
@@ -193,30 +201,53 @@ class LLMEngine:
         Returns:
             One RequestOutput per request that produced a token or finished this step; its
             ``outputs`` are deltas (only what is new since the request's previous output).
+            The list's ``report`` (:class:`StepReport`) says what the step did: its phase
+            timings, tokens, pages, prefix hits and preemptions.
 
         Raises:
             KeyboardInterrupt (and other non-``Exception`` errors) after failing the step's
             requests; their outputs come with the next step.
         """
-        batch = self._schedule()
+        began = time.perf_counter()
+        before = StepCounters.of(self.scheduler.stats, self.cache_manager)
+        plan = self._schedule()
+        scheduled = time.perf_counter()
+        pages_used = self.cache_manager.num_pages - self.cache_manager.allocator.num_free_pages
+        clock = self._requests.detokenize_clock
         try:
-            sampled = self.runner.run(batch)
+            out = self.runner.run(plan)
         except BaseException as exc:
-            return self._fail_step(batch, exc)
-        return self.scheduler.postprocess(batch, sampled)
+            outputs = self._fail_step(plan, exc)
+            out, ran, detokenized = StepOutput(), time.perf_counter(), clock.seconds
+            failed = True
+        else:
+            ran, detokenized, failed = time.perf_counter(), clock.seconds, False
+            outputs = self.scheduler.postprocess(plan, out)
+        done = time.perf_counter()
+        timings = StepTimings(
+            schedule_s=scheduled - began,
+            run=out.timings,
+            postprocess_s=done - ran,
+            detokenize_s=clock.seconds - detokenized,
+            total_s=done - began,
+        )
+        counters = StepCounters.of(self.scheduler.stats, self.cache_manager)
+        report = step_report(plan, counters.since(before), self.cache_manager.num_pages,
+                             pages_used, timings, failed=failed)  # fmt: skip
+        return StepResult(outputs, report)
 
-    def _schedule(self) -> ScheduledBatch:
+    def _schedule(self) -> StepPlan:
         """This step's batch; the tier's lookups made while scheduling share one deadline."""
         if self.kv_tier is not None:
             self.kv_tier.begin_step()
         return self.scheduler.schedule()
 
-    def _fail_step(self, batch: ScheduledBatch, exc: BaseException) -> list[RequestOutput]:
+    def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:
         """Fail the step's requests; re-raise ``exc`` unless it is an ``Exception``."""
-        self.scheduler.fail_step(batch, f"engine step failed: {type(exc).__name__}: {exc}")
+        self.scheduler.fail_step(plan, f"engine step failed: {type(exc).__name__}: {exc}")
         if not isinstance(exc, Exception):
             raise exc
-        logger.exception("engine step failed; %d request(s) failed", len(batch.seqs))
+        logger.exception("engine step failed; %d request(s) failed", len(plan.request_ids))
         return self.scheduler.take_pending()
 
     def abort(self, request_id: str) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.sequence_group import SequenceGroup
+from pagedattn.engine.step_report import PhaseClock, TimedTextStream
 from pagedattn.sampling_params import SamplingParams
 
 
@@ -31,6 +32,9 @@ class RequestBuilder:
         vocab_size: ids must be in ``[0, vocab_size)``.
         max_model_len: the most tokens a sequence may hold (None = unbounded).
         seed: seed of the generator that draws the seed of a request without one.
+
+    Attributes:
+        detokenize_clock: the seconds every request's detokenizer has spent (step reports).
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class RequestBuilder:
         self._special_ids = self._special_token_ids()
         self._rng = np.random.default_rng(seed)
         self._seq_ids = itertools.count()
+        self.detokenize_clock = PhaseClock()
 
     def encode(self, prompt: str | SequenceABC[int]) -> list[int]:
         """Prompt token ids (text goes through the tokenizer).
@@ -93,10 +98,13 @@ class RequestBuilder:
             if self.tokenizer is not None:
                 from pagedattn.model.detokenizer import IncrementalDetokenizer
 
-                text_stream = IncrementalDetokenizer(
-                    self.tokenizer,
-                    skip_special_tokens=params.skip_special_tokens,
-                    prompt_token_ids=ids,
+                text_stream = TimedTextStream(
+                    IncrementalDetokenizer(
+                        self.tokenizer,
+                        skip_special_tokens=params.skip_special_tokens,
+                        prompt_token_ids=ids,
+                    ),
+                    self.detokenize_clock,
                 )
             seqs.append(
                 Sequence(

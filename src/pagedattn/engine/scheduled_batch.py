@@ -1,4 +1,5 @@
-"""ScheduledBatch: the scheduler's decision for one step, handed to the model runner."""
+"""ScheduledSeq: one sequence's share of the step the scheduler is planning (frozen into a
+:class:`~pagedattn.engine.step_plan.StepPlan` once the whole step is reserved)."""
 
 from __future__ import annotations
 
@@ -39,38 +40,3 @@ class ScheduledSeq:
     def start(self) -> int:
         """Position of the first new token."""
         return self.seq.num_computed_tokens
-
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    """Everything the model runner needs for one step.
-
-    Attributes:
-        seqs: the scheduled sequences, in batch order.
-        page_tables: (len(seqs), max_pages_per_seq) int32 page ids, -1 padded / evicted.
-    """
-
-    seqs: list[ScheduledSeq]
-    page_tables: np.ndarray
-
-    @property
-    def num_tokens(self) -> int:
-        """New tokens of the step, drafts not counted."""
-        return sum(s.num_new_tokens for s in self.seqs)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        """Drafted tokens the step verifies (each one more decode row)."""
-        return sum(len(s.draft_token_ids) for s in self.seqs)
-
-    @property
-    def sampling_seqs(self) -> list[Sequence]:
-        """Sequences that get a new token this step, in batch order."""
-        return [s.seq for s in self.seqs if s.samples]
-
-    @property
-    def sample_rows(self) -> list[Sequence]:
-        """One entry per token sampled this step, in runner output order: each sampling
-        sequence, followed by the children it forks into this step (they sample from the same
-        logits row with their own generators)."""
-        return [r for s in self.seqs if s.samples for r in (s.seq, *s.seq.fork_children)]

@@ -12,14 +12,16 @@ coordinates four parts:
   (decode or prefill chunk), preemption when pages run out, admission of waiting sequences
   with their prefix-cache hits.
 - :mod:`~pagedattn.engine.step_journal`: the reservations of one :meth:`Scheduler.schedule`.
-- :mod:`~pagedattn.engine.step_postprocess`: each request's sampled tokens, forks, stop
-  checks and retirement after the model ran.
+- :mod:`~pagedattn.engine.step_plan`: the frozen plan the step hands the model runner
+  (:func:`~pagedattn.engine.step_plan.build_plan` lays out the logits rows, once).
+- :mod:`~pagedattn.engine.step_postprocess`: applies the runner's output, keyed by request id,
+  to the requests: sampled tokens, stop checks, each request's commit point (the only point
+  where pages enter the prefix index), forks and retirement.
 
 Every phase of a step commits or rolls back. :meth:`Scheduler.schedule` that raises gives
 back every reservation it made (the sequences are as before the call). After the model ran,
-:meth:`Scheduler.postprocess` first commits the step's KV (:meth:`Scheduler.commit_written`,
-the only point where pages enter the prefix index), then applies each request's tokens; a
-request whose part of that raises finishes alone with an error. A step whose forward raised is
+:meth:`Scheduler.postprocess` applies each request's share of the output; a request whose part
+of that raises finishes alone with an error. A step whose forward raised is
 failed instead (:meth:`Scheduler.fail_step`): only its requests end, with an error, and nothing
 they reserved was ever made visible.
 
@@ -42,14 +44,14 @@ from pagedattn.engine.capacity import rejection, request_pages
 from pagedattn.engine.forks import CopyPages
 from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
 from pagedattn.engine.request_queues import RequestQueues
-from pagedattn.engine.sampler_output import SamplerOutput
-from pagedattn.engine.scheduled_batch import ScheduledBatch
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
 from pagedattn.engine.step_journal import StepJournal
+from pagedattn.engine.step_output import StepOutput
+from pagedattn.engine.step_plan import StepPlan, build_plan
 from pagedattn.engine.step_planner import StepPlanner
-from pagedattn.engine.step_postprocess import StepPostprocessor
+from pagedattn.engine.step_postprocess import StepPostprocessor, check_output
 
 
 class Scheduler:
@@ -189,8 +191,9 @@ class Scheduler:
         )
 
     # ---- one step --------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
-        """Pick this step's tokens and reserve their KV slots (see the module doc).
+    def schedule(self) -> StepPlan:
+        """Pick this step's tokens, reserve their KV slots and freeze them into the step's
+        plan (see the module doc).
 
         Raises:
             Whatever the cache raises (a bug): every reservation of this call is given back
@@ -201,59 +204,41 @@ class Scheduler:
         try:
             self.planner.plan(journal)
             page_tables = self.cache.page_tables([s.seq.seq_id for s in journal.scheduled])
+            plan = build_plan(journal.scheduled, (page_tables,))
         except BaseException:
             journal.roll_back(self.cache, self.queues)
             raise
         journal.commit(time.monotonic(), self.stats)  # visible once the whole batch was reserved
-        return ScheduledBatch(seqs=journal.scheduled, page_tables=page_tables)
+        return plan
 
-    def commit_written(self, batch: ScheduledBatch) -> None:
-        """The step's commit point: its forward succeeded, so every scheduled sequence's KV is
-        written up to its new ``num_computed_tokens`` and its full pages enter the prefix index
-        (:meth:`CacheManager.commit_written`). Called by :meth:`postprocess`, never for a
-        failed step."""
-        for item in batch.seqs:
-            seq = item.seq
-            start = seq.num_computed_tokens
-            seq.num_computed_tokens += item.num_new_tokens
-            self.cache.commit_written(seq.seq_id, seq.num_computed_tokens)
-            # write-through of the full pages it completed (a no-op without a tier)
-            self.cache.pages_computed(seq.seq_id, start, seq.num_computed_tokens)
+    def postprocess(self, plan: StepPlan, out: StepOutput) -> list[RequestOutput]:
+        """Apply the step's output to its requests, the step's forward having succeeded
+        (:meth:`StepPostprocessor.apply`: each request's tokens, its commit point, forks,
+        finishing and freeing).
 
-    def postprocess(self, batch: ScheduledBatch, out: SamplerOutput) -> list[RequestOutput]:
-        """Commit the step (:meth:`commit_written`), record prompt logprobs, fork, append
-        sampled tokens, finish and free.
-
-        A request whose own row failed (``out.errors``) or whose token cannot be turned into
-        text (a detokenizer or stop-string error) finishes with reason "error" and that
-        message; the other requests are unaffected.
-
-        The step's forward succeeded, so the full pages it completed also go to the persistent
-        tier (:meth:`CacheManager.pages_computed`) before any sequence is freed.
+        A request whose own row failed or whose token cannot be turned into text (a
+        detokenizer or stop-string error) finishes with reason "error" and that message; the
+        other requests are unaffected.
 
         Args:
-            batch: what :meth:`schedule` returned.
-            out: the runner's output for it (one token per ``batch.sample_rows`` entry).
+            plan: what :meth:`schedule` returned.
+            out: the runner's output for it.
 
         Returns:
             Outputs finished outside the step (rejections, aborts, failed steps) first, then
             one delta per request that changed this step, in batch order.
 
         Raises:
-            ValueError: ``out.token_ids`` of the wrong length.
+            ValueError: ``out`` lacks a planned request or sample (nothing is applied).
         """
-        rows = batch.sample_rows
-        if len(out.token_ids) != len(rows):
-            raise ValueError(f"token_ids: expected ({len(rows)},) ids, got {len(out.token_ids)}")
-        self.commit_written(batch)
-        now = time.monotonic()
+        check_output(plan, out)
         outputs = self.take_pending()
-        outputs += self.postprocessor.apply(batch, out, now, self.copy_pages)
-        if batch.seqs:
-            self.stats.record_step(len(batch.seqs), batch.num_tokens)
+        outputs += self.postprocessor.apply(plan, out, time.monotonic(), self.copy_pages)
+        if plan.requests:
+            self.stats.record_step(len(plan.requests), plan.num_tokens)
         return outputs
 
-    def fail_step(self, batch: ScheduledBatch, error: str) -> None:
+    def fail_step(self, plan: StepPlan, error: str) -> None:
         """The step's forward raised: finish each of its requests (every sequence of it) with
         reason "error".
 
@@ -262,7 +247,7 @@ class Scheduler:
         final outputs come from the next :meth:`postprocess` or :meth:`take_pending`.
         """
         now = time.monotonic()
-        for request_id in dict.fromkeys(item.seq.request_id for item in batch.seqs):
+        for request_id in plan.request_ids:
             group = self.queues.requests.get(request_id)
             if group is None:
                 continue

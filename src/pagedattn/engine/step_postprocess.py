@@ -1,36 +1,58 @@
-"""StepPostprocessor: each request's share of a step that ran, applied on its own.
+"""StepPostprocessor: applies a step's output to its requests, after the step succeeded.
 
-For every scheduled sequence, in batch order: its prompt logprobs, its fork into the request's
-other completions (:mod:`pagedattn.engine.forks`, on its first sampled token), the sampled
-tokens with their stop checks, and the retirement of what finished. A request whose part of
-this raises finishes alone with reason "error"; the other requests are unaffected.
+This is the one writer of a request's progress after a forward: for each planned request, in
+batch order, its prompt logprobs, its sampled tokens with their stop checks (and, for a
+verified sequence, the drafts its samples confirmed), then its commit point (its computed
+tokens advance and the pages the forward filled enter the prefix index and the persistent
+tier, :meth:`CacheManager.commit_written`; rejected drafts' slots go back), its fork into the
+request's other completions (:mod:`pagedattn.engine.forks`, on its first sampled token), and
+the retirement of what finished. A request whose part of this raises finishes alone with reason
+"error" (what its forward wrote is still committed); the other requests are unaffected.
+
+What it applies is fixed by the frozen plan and the runner's output: nothing it changes while
+applying can move another request's rows.
 """
 
 from __future__ import annotations
 
 from pagedattn.cache import CacheManager
 from pagedattn.engine.forks import CopyPages, fork_children
-from pagedattn.engine.logprobs import TokenLogprobs
 from pagedattn.engine.outputs import FINISH_ERROR, FINISH_LENGTH, RequestOutput, is_dead_end
 from pagedattn.engine.request_queues import RequestQueues
-from pagedattn.engine.sampler_output import SamplerOutput
-from pagedattn.engine.scheduled_batch import ScheduledBatch, ScheduledSeq
+from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.sequence_group import SequenceGroup
-from pagedattn.engine.spec.acceptance import commit_run
+from pagedattn.engine.spec.acceptance import append_run
 from pagedattn.engine.spec.drafter import Drafter
 from pagedattn.engine.stats import SchedulerStats
+from pagedattn.engine.step_output import RequestStepOutput, SampledToken, StepOutput
+from pagedattn.engine.step_plan import RequestPlan, StepPlan
+
+
+def check_output(plan: StepPlan, out: StepOutput) -> None:
+    """Raise ValueError unless ``out`` holds a sample for every completion ``plan`` samples."""
+    for r in plan.requests:
+        got = out.requests.get(r.request_id)
+        if got is None:
+            raise ValueError(f"step output: request {r.request_id!r} is missing")
+        if r.rows.sample is None:
+            continue
+        missing = [c.index for c in r.completions if c.index not in got.samples]
+        if missing:
+            raise ValueError(
+                f"step output: request {r.request_id!r} has no token for completion(s) {missing}"
+            )
 
 
 class StepPostprocessor:
-    """Applies a step's sampled tokens to its requests.
+    """Applies a step's output to its requests.
 
     Args:
-        cache: the page tables (forks share and copy pages here).
+        cache: the page tables (commits, forks and draft slots).
         queues: the waiting and running sequences and the live requests (changed in place).
-        stats: counts sampled tokens.
+        stats: counts sampled, drafted and accepted tokens.
         eos_token_ids: ids that end generation unless ``ignore_eos``.
-        drafter: speculative decoding's planner (a drafted sequence's verified run is applied
-            here and adapts its draft length); None = speculation off.
+        drafter: speculative decoding's planner (a verified sequence's acceptance adapts its
+            draft length); None = speculation off.
     """
 
     def __init__(
@@ -48,30 +70,21 @@ class StepPostprocessor:
         self.drafter = drafter
 
     def apply(
-        self,
-        batch: ScheduledBatch,
-        out: SamplerOutput,
-        now: float,
-        copy_pages: CopyPages | None,
+        self, plan: StepPlan, out: StepOutput, now: float, copy_pages: CopyPages | None
     ) -> list[RequestOutput]:
-        """Apply ``out`` (one token per ``batch.sample_rows`` entry, already checked) to the
-        batch's requests, whose KV the step committed.
+        """Apply ``out`` (checked by :func:`check_output`) to the plan's requests.
 
         Returns:
             One delta per request that changed this step, in batch order.
         """
-        logprobs = out.logprobs or [None] * len(out.token_ids)
-        row = 0
         touched: dict[str, SequenceGroup] = {}
-        for item in batch.seqs:
-            seq, first_row = item.seq, row
-            row += (1 + len(seq.fork_children)) if item.samples else 0
-            group = self.queues.requests.get(seq.request_id)
-            if group is None or seq.is_finished:  # its request failed earlier in this loop
+        for r in plan.requests:
+            group = self.queues.requests.get(r.request_id)
+            if group is None or group.seqs[r.index].is_finished:  # failed earlier in this loop
                 continue
-            touched[seq.request_id] = group
+            touched[r.request_id] = group
             try:
-                self._apply_seq(item, group, out, logprobs, first_row, now, copy_pages)
+                self._apply_request(r, group, out.requests[r.request_id], now, copy_pages)
             except Exception as exc:  # this request's bookkeeping, not the step's
                 self.queues.fail_group(group, f"{type(exc).__name__}: {exc}", now)
         outputs: list[RequestOutput] = []
@@ -81,54 +94,91 @@ class StepPostprocessor:
                 outputs.append(delta)
         return outputs
 
-    def _apply_seq(
+    def _apply_request(
         self,
-        item: ScheduledSeq,
+        r: RequestPlan,
         group: SequenceGroup,
-        out: SamplerOutput,
-        logprobs: list[TokenLogprobs | None],
-        row: int,
+        result: RequestStepOutput,
         now: float,
         copy_pages: CopyPages | None,
     ) -> None:
-        """One scheduled sequence's share: prompt logprobs, its fork, the sampled tokens (from
-        ``row`` on), finishing and freeing."""
-        seq = item.seq
-        if seq.seq_id in out.prompt_logprobs:
-            seq.add_prompt_logprobs(*out.prompt_logprobs[seq.seq_id])
-        if not item.samples:
+        """One planned sequence's share: prompt logprobs, tokens, commit, fork, retirement."""
+        seq = group.seqs[r.index]
+        if seq.num_computed_tokens != r.start:
+            raise RuntimeError(
+                f"request {r.request_id!r}: planned from position {r.start}, "
+                f"has {seq.num_computed_tokens} computed tokens"
+            )
+        kept = r.num_new_tokens
+        try:
+            if result.prompt_logprobs is not None:
+                seq.add_prompt_logprobs(*result.prompt_logprobs)
+            if r.rows.sample is not None:
+                kept += self._append_sample(seq, result.samples[r.index], now)
+        finally:
+            self._commit(r, seq, kept)
+        if r.rows.sample is None:
             if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
                 seq.finish("length", now)  # prompt logprobs only
                 group.finish_unforked("length", now)
-                self.queues.retire(seq, group)
+            self._retire(group, (seq,))
             return
-        children, seq.fork_children = seq.fork_children, []
-        if children:
+        children = [group.seqs[c.index] for c in r.completions[1:]]
+        if children:  # they start from the KV just committed, then take their own tokens
+            seq.fork_children = []
             if copy_pages is None:
                 raise ValueError("n / best_of > 1: this scheduler has no copy_pages")
             new = fork_children(seq, children, self.cache, copy_pages)
             for child in new.running:
                 self.queues.insert_running(child)
             self.queues.waiting.extendleft(reversed(new.waiting))
-        for s in (seq, *children):  # a waiting child keeps its token and is recomputed
-            token_id = int(out.token_ids[row])
-            error = out.errors.get(row)
-            if error is None:
-                try:
-                    s.append_token(token_id, self.eos_token_ids, now, logprobs[row])
-                    self.stats.num_generation_tokens += 1
-                except Exception as exc:  # this request's text, not the step's
-                    error = f"token {token_id}: {type(exc).__name__}: {exc}"
-            row += 1
-            if error is not None and is_dead_end(error):
-                s.finish(FINISH_LENGTH, now)  # its constraints allow no next token
-            elif error is not None:
-                s.finish(FINISH_ERROR, now, error=error)
-            if item.draft_token_ids:  # the drafts it confirmed; the others' slots go back
-                run = None if error is not None else out.accepted.get(row - 1)
-                drafted, accepted = commit_run(item, run, self.eos_token_ids, now, self.cache,
-                                               self.stats)  # fmt: skip
-                if self.drafter is not None:
-                    self.drafter.record(s, drafted, accepted)
+        self._retire(group, (seq,))
+        for child in children:  # a waiting child keeps its token and is recomputed
+            self._append_sample(child, result.samples[child.index], now)
+            self._retire(group, (child,))
+
+    def _append_sample(self, s: Sequence, sample: SampledToken, now: float) -> int:
+        """Append a completion's sampled token, then the drafts it confirmed (a failed row or
+        text fails it); returns the confirmed drafts appended."""
+        error = self._append(s, sample, now)
+        if error is not None and is_dead_end(error):
+            s.finish(FINISH_LENGTH, now)  # its constraints allow no next token
+        elif error is not None:
+            s.finish(FINISH_ERROR, now, error=error)
+        elif sample.accepted is not None:
+            return append_run(s, sample.accepted, self.eos_token_ids, now, self.stats)
+        return 0
+
+    def _append(self, s: Sequence, sample: SampledToken, now: float) -> str | None:
+        """Append one sampled token; returns why it failed (its row or its text), else None."""
+        if sample.error is not None:
+            return sample.error
+        try:
+            s.append_token(sample.token_id, self.eos_token_ids, now, sample.logprobs)
+        except Exception as exc:  # this request's text, not the step's
+            return f"token {sample.token_id}: {type(exc).__name__}: {exc}"
+        self.stats.num_generation_tokens += 1
+        return None
+
+    def _commit(self, r: RequestPlan, seq: Sequence, kept: int) -> None:
+        """The request's commit point: its forward succeeded, so its KV is written up to
+        ``r.start + kept`` (its new tokens and the drafts its samples confirmed); the pages
+        that filled enter the prefix index (:meth:`CacheManager.commit_written`) and go to the
+        persistent tier (a no-op without one); a rejected draft's slot goes back."""
+        seq.num_computed_tokens = r.start + kept
+        self.cache.commit_written(seq.seq_id, seq.num_computed_tokens)
+        self.cache.pages_computed(seq.seq_id, r.start, seq.num_computed_tokens)
+        if not r.draft_token_ids:
+            return
+        self.cache.unreserve(seq.seq_id, seq.num_computed_tokens)
+        drafted, accepted = len(r.draft_token_ids), kept - r.num_new_tokens
+        self.stats.spec_num_drafted_tokens += drafted
+        self.stats.spec_num_accepted_tokens += accepted
+        self.stats.spec_num_verifies += 1
+        if self.drafter is not None:
+            self.drafter.record(seq, drafted, accepted)
+
+    def _retire(self, group: SequenceGroup, seqs: tuple[Sequence, ...]) -> None:
+        for s in seqs:
             if s.is_finished:
                 self.queues.retire(s, group)

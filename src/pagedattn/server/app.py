@@ -101,7 +101,6 @@ def create_app(
     async_engine: EngineClient
     if engine_client is None:
         metrics = ServerMetrics(lambda: async_engine.stats, names[0])
-        metrics.instrument(engine)
         async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
     else:
         async_engine, metrics = engine_client, engine_client.metrics

@@ -288,7 +288,6 @@ class AsyncEngine:
         self._sinks[command.request_id] = command.sink
 
     def _step(self) -> None:
-        num_steps = self._stats.get("num_steps", 0)
         try:
             outputs = self.engine.step()
         except Exception as exc:  # outside the forward (scheduling, bookkeeping): keep
@@ -302,10 +301,8 @@ class AsyncEngine:
             self._sinks.clear()
             return
         self._stats = self.engine.get_stats()
-        if self.metrics is not None and self._stats["num_steps"] > num_steps:
-            self.metrics.observe_step(
-                self._stats["last_step_num_tokens"], self._stats["last_step_num_seqs"]
-            )
+        if self.metrics is not None:
+            self.metrics.observe_step(outputs.report)
         self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

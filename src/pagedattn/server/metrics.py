@@ -31,7 +31,6 @@ thread as outputs arrive:
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -42,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedattn.engine.outputs import FINISH_REASONS, RequestOutput
+from pagedattn.engine.step_report import StepReport
 from pagedattn.server.kv_store_metrics import kv_store_metrics
 
 PREFIX = "pagedattn:"
@@ -159,25 +159,6 @@ class EngineStatsCollector(Collector):
         yield from kv_store_metrics(s, m)  # the persistent tier, when there is one
 
 
-class TimedModel:
-    """A model whose ``forward`` reports its wall time (s) to ``observe``; everything else is
-    the wrapped model's."""
-
-    def __init__(self, model: Any, observe: Callable[[float], None]) -> None:
-        self.model = model
-        self.observe = observe
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return self.model.forward(*args, **kwargs)
-        finally:
-            self.observe(time.perf_counter() - began)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-
 class ServerMetrics:
     """The registry of one server: engine counters/gauges plus latency and batch histograms.
 
@@ -235,19 +216,19 @@ class ServerMetrics:
         """One request (or stream) ended by an exception nothing expected."""
         self.unexpected_errors.inc()
 
-    def instrument(self, engine: Any) -> None:
-        """Time every model forward of ``engine`` into ``model_forward_time_seconds``: wraps
-        ``engine.runner.model`` from outside (one ``perf_counter`` pair per step)."""
-        engine.runner.model = TimedModel(engine.runner.model, self.model_forward.observe)
-
     def count_rejection(self, reason: str) -> None:
         """A request the server refused before the engine saw it, by finish reason."""
         self.rejected[reason] += 1
 
-    def observe_step(self, num_tokens: int, num_seqs: int) -> None:
-        """One model step's batch size, in new tokens and in sequences."""
-        self.iteration_tokens.observe(num_tokens)
-        self.iteration_num_seqs.observe(num_seqs)
+    def observe_step(self, report: StepReport) -> None:
+        """One engine step, as its report tells it: its batch size in new tokens and in
+        sequences, and its model forward's wall time (steps that ran no forward are not
+        observed)."""
+        if not report.ran_model:
+            return
+        self.iteration_tokens.observe(report.num_scheduled_tokens)
+        self.iteration_num_seqs.observe(report.num_seqs)
+        self.model_forward.observe(report.timings.run.forward_s)
 
     def observe_output(self, out: RequestOutput, last_token_time: float | None) -> float | None:
         """Observe one request output; returns the request's latest token time.

@@ -11,25 +11,28 @@ are never sampled. A seeded request's generator thus draws exactly once per kept
 position order, as in plain decoding (greedy rows draw nothing), so seeded sampling stays
 bitwise lossless too.
 
-:func:`commit_run` appends the kept tokens one by one (a stop token, stop string, ``max_tokens``
-or ``max_model_len`` ends the request exactly where plain decoding would), then commits the KV
-of the tokens appended (positions up to the last appended token's predecessor: what plain
-decoding would have computed by then) and gives the other draft slots back to the cache.
+:func:`append_run` appends the kept tokens one by one (a stop token, stop string, ``max_tokens``
+or ``max_model_len`` ends the request exactly where plain decoding would). The KV of every
+confirmed draft is kept and the other draft slots go back to the cache when the step's output
+is applied (:mod:`pagedattn.engine.step_postprocess`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedattn.cache import CacheManager
 from pagedattn.engine.logprobs import TokenLogprobs, log_softmax, token_logprobs
 from pagedattn.engine.outputs import FINISH_ERROR
 from pagedattn.engine.sampler import sample_each
-from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.stats import SchedulerStats
+
+if TYPE_CHECKING:
+    from pagedattn.engine.sequence import Sequence
+    from pagedattn.engine.step_plan import RequestPlan, SamplingState
 
 
 @dataclass(frozen=True)
@@ -51,37 +54,36 @@ class AcceptedRun:
 
 def sample_run(
     logits: np.ndarray,
-    first_row: int,
+    plan: RequestPlan,
+    state: SamplingState,
     first_token: int,
-    item: ScheduledSeq,
     eos_token_ids: Collection[int],
 ) -> AcceptedRun:
-    """Sample the draft rows of ``item`` after its step token ``first_token``.
+    """Sample the draft rows of ``plan`` after its step token ``first_token``.
 
     Args:
         logits: the step's (rows, vocab) logits, padded ids masked.
-        first_row: the row of the step token; draft ``j`` (from 0) is row ``first_row + 1 + j``.
-        first_token: the token sampled from ``first_row``.
-        item: the drafted sequence's share of the step.
+        plan: the drafted request's share of the step (draft ``j`` is row
+            ``plan.rows.drafts[j]``).
+        state: its sampling state before the step token.
+        first_token: the token sampled from its sample row.
         eos_token_ids: the engine's end-of-sequence ids (min_tokens masks them).
 
     Returns:
         The run; empty when ``first_token`` differs from the first draft.
     """
-    seq, drafts = item.seq, item.draft_token_ids
-    params = seq.params
+    params = state.params
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     eos = tuple(sorted(eos_token_ids))
     run = AcceptedRun()
     last = first_token
-    for j, draft in enumerate(drafts):
+    for draft, row in zip(plan.draft_token_ids, plan.rows.drafts, strict=True):
         if last != draft or last in stops:  # a stop token ends the request there
             break
-        row = first_row + 1 + j
-        output = [*seq.output_token_ids, first_token, *run.token_ids]
+        output = [*state.output_token_ids, first_token, *run.token_ids]
         ids, errors = sample_each(
-            logits[row : row + 1], [params], [seq.generator], [output],
-            [seq.prompt_token_ids], eos,
+            logits[row : row + 1], [params], [state.generator], [output],
+            [state.prompt_token_ids], eos,
         )  # fmt: skip
         if errors:
             return AcceptedRun(run.token_ids, run.logprobs, errors[0])
@@ -94,51 +96,30 @@ def sample_run(
     return run
 
 
-def commit_run(
-    item: ScheduledSeq,
-    run: AcceptedRun | None,
+def append_run(
+    seq: Sequence,
+    run: AcceptedRun,
     eos_token_ids: Collection[int],
     now: float,
-    cache: CacheManager,
     stats: SchedulerStats,
-) -> tuple[int, int]:
-    """Append a drafted sequence's accepted run, commit the KV it confirms, give back the rest.
-
-    Called after the step token was appended (and the step's first KV token committed).
-
-    Args:
-        item: the drafted sequence's share of the step.
-        run: from :func:`sample_run`; None when the step token itself failed.
-        eos_token_ids: the engine's end-of-sequence ids.
-        now: ``time.monotonic()`` of the step.
-        cache: the page tables.
-        stats: counts drafted, accepted and generated tokens.
+) -> int:
+    """Append a drafted sequence's accepted run after its step token, one token at a time
+    (a stop token, stop string, ``max_tokens`` or ``max_model_len`` ends it exactly where plain
+    decoding would); a row that failed after the run fails the request there.
 
     Returns:
-        ``(num_drafted, num_accepted)``: the drafts, and those whose KV was kept.
+        The tokens appended.
 
     Raises:
-        Whatever appending a token raises (its request then fails; the sequence is freed).
+        Whatever appending a token raises (its request then fails).
     """
-    seq = item.seq
     appended = 0
-    if run is not None and not seq.is_finished:
-        for token_id, lp in zip(run.token_ids, run.logprobs, strict=True):
-            seq.append_token(token_id, eos_token_ids, now, lp)
-            stats.num_generation_tokens += 1
-            appended += 1
-            if seq.is_finished:
-                break
-        else:
-            if run.error is not None:
-                seq.finish(FINISH_ERROR, now, error=run.error)
-    start = seq.num_computed_tokens
-    seq.num_computed_tokens += appended  # draft i's KV is kept once its successor is appended
-    cache.commit_written(seq.seq_id, seq.num_computed_tokens)
-    cache.pages_computed(seq.seq_id, start, seq.num_computed_tokens)
-    cache.unreserve(seq.seq_id, seq.num_computed_tokens)
-    num_drafted = len(item.draft_token_ids)
-    stats.spec_num_drafted_tokens += num_drafted
-    stats.spec_num_accepted_tokens += appended
-    stats.spec_num_verifies += 1
-    return num_drafted, appended
+    for token_id, lp in zip(run.token_ids, run.logprobs, strict=True):
+        if seq.is_finished:
+            return appended
+        seq.append_token(token_id, eos_token_ids, now, lp)
+        stats.num_generation_tokens += 1
+        appended += 1
+    if run.error is not None and not seq.is_finished:
+        seq.finish(FINISH_ERROR, now, error=run.error)
+    return appended

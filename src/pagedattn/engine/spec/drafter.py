@@ -6,8 +6,8 @@ and the waiting ones were admitted, so drafts only take what is left of the step
 that many empty pages are free (a draft does not reclaim cached prefix pages, nor preempt).
 Admission is over when drafts reserve their slots: no request of this step can take a prefix
 hit on a page holding drafted tokens, and postprocess takes every rejected draft's slot back
-before the step ends (:func:`pagedattn.engine.spec.acceptance.commit_run`), so such a page
-never enters the prefix index or the persistent tier.
+before the step ends (:mod:`pagedattn.engine.step_postprocess`), so such a page never enters
+the prefix index or the persistent tier.
 
 How many each sequence drafts follows its own acceptance and the step's size
 (:mod:`pagedattn.engine.spec.policy`): only the drafts whose expected gain pays for their
