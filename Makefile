@@ -49,7 +49,7 @@ redis:
 
 # The browser pages' tests drive headless Chromium through Selenium: install Debian's browser
 # and its driver when missing (as root, else through sudo).
-chromium:
+chromium: redis
 	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
