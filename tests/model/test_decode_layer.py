@@ -77,7 +77,8 @@ def test_fused_decode_equals_the_step_by_step_forward(
     rng = np.random.default_rng(5)
     vocab = loaded.config.vocab_size
     tokens = [rng.integers(0, vocab, n).tolist() for n in (22, 13)]
-    tables = [rng.permutation(16)[:8], rng.permutation(np.arange(16, 32))[:8]]
+    # 10 pages each: 22 prompt tokens + up to 14 decode rows fit on any host's widest step
+    tables = [rng.permutation(16)[:10], rng.permutation(np.arange(16, 32))[:10]]
     kv = {m: np.zeros(fused.kv_shape(32, PAGE), kv_dtype) for m in ("fused", "plain")}
     lens = [len(t) for t in tokens]
     prefill = _batch([(tokens[s], 0, tables[s]) for s in range(2)], window, sinks)
