@@ -131,10 +131,11 @@ def test_the_host_path_follows_its_cpuinfo_flags() -> None:
     assert int8_path() == want
 
 
-# CPU name -> (the path it compiles, whether this host can run that CPU's code)
+# CPU name -> (the path it compiles, whether this host can run that CPU's code). Alder Lake's
+# VNNI is the VEX-encoded AVX-VNNI, which hosts with only AVX512_VNNI (AMD Zen 4) lack.
 CPUS = {
     "haswell": ("avx2", True),
-    "alderlake": ("vnni-ymm", has_vnni_256()),
+    "alderlake": ("vnni-ymm", has_vnni_256() and "avx_vnni" in _cpuinfo_flags()),
     "skylake-avx512": ("zmm", has_avx512bw()),
 }
 

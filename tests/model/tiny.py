@@ -62,11 +62,19 @@ def tiny_config(**overrides: object) -> ModelConfig:
     return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
+def _draw_order(item: tuple[str, tuple[int, ...]]) -> tuple[int, int]:
+    """Each layer's norm weights drawn before its matrices (the order the tests' expected
+    continuations were recorded with); otherwise the table's order."""
+    name, shape = item
+    layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+    return layer, len(shape) != 1 if layer >= 0 else 0
+
+
 def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Random float32 weights in HF layout (norm weights around 1, linears scaled 1/sqrt(in))."""
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in expected_weight_shapes(config).items():
+    for name, shape in sorted(expected_weight_shapes(config).items(), key=_draw_order):
         if len(shape) == 1:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
