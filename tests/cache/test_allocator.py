@@ -122,3 +122,21 @@ def test_check_integrity_detects_corruption() -> None:
         alloc.check_integrity()
     with pytest.raises(AssertionError, match="refcounts"):
         alloc.check_integrity(expected_refcounts=[2, 0])
+
+
+def test_reset_prefix_cache_empties_an_idle_pool_and_refuses_a_held_page() -> None:
+    alloc = PageAllocator(4, NS)
+    pages = [alloc.allocate() for _ in range(3)]
+    for p in pages:
+        _register(alloc, p, [p, p])
+    with pytest.raises(ValueError, match="3 page"):
+        alloc.reset_prefix_cache()
+    assert alloc.num_cached_pages == 3  # refused: nothing changed
+    for p in pages:
+        alloc.release(p)
+    assert alloc.num_allocatable(reclaim_cached=False) == 1
+    assert alloc.reset_prefix_cache() == 3
+    assert alloc.num_cached_pages == 0 and alloc.num_allocatable(reclaim_cached=False) == 4
+    assert alloc.lookup(hash_page_tokens(None, [1, 1], NS), [1, 1], None) is None
+    assert alloc.free_page_ids() == [0, 1, 2, 3]
+    alloc.check_integrity(expected_refcounts=[0, 0, 0, 0])

@@ -238,6 +238,22 @@ class PageAllocator:
             raise ValueError(f"unregister: page {page_id} is free or not registered")
         self._index.remove(page_id)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix when no page is referenced (vLLM's ``reset_prefix_cache``):
+        every page becomes empty and free, in page-id order. Returns the entries dropped.
+
+        Raises:
+            ValueError: a page is referenced (a sequence holds it); nothing changed.
+        """
+        held = sum(1 for count in self._refcount if count)
+        if held:
+            raise ValueError(f"reset_prefix_cache: {held} page(s) are referenced")
+        dropped = len(self._index)
+        self._index = PrefixIndex(self.num_pages, self.namespace)
+        self._queue = FreeQueue(self.num_pages, range(self.num_pages))
+        self._num_uncached_free = self.num_pages
+        return dropped
+
     # ---- checks --------------------------------------------------------------------------
 
     def check_integrity(self, expected_refcounts: Sequence[int] | None = None) -> None:

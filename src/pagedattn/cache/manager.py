@@ -288,6 +288,17 @@ class CacheManager(SequenceTables):
                 self.allocator.release(page_id)
         del self._seqs[seq_id]
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix of the pool (the persistent tier keeps its pages); returns
+        the entries dropped.
+
+        Raises:
+            ValueError: a sequence still holds pages; nothing changed.
+        """
+        if self._seqs:
+            raise ValueError(f"reset_prefix_cache: {len(self._seqs)} sequence(s) hold pages")
+        return self.allocator.reset_prefix_cache()
+
     def evict_oldest_page(self, seq_id: Hashable) -> int:
         """Lossy: drop the sequence's oldest resident full non-sink page (entry becomes -1).
 

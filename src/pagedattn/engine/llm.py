@@ -98,6 +98,10 @@ class LLM:
         """Write every queued page to the tier and close it (idempotent; a no-op without one)."""
         self.engine.close()
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix of the KV pool (vLLM's ``LLM.reset_prefix_cache``)."""
+        return self.engine.reset_prefix_cache()
+
     def __enter__(self) -> LLM:
         return self
 

@@ -255,6 +255,14 @@ class LLMEngine:
         final output with finish reason "abort". Returns False for unknown/finished ids."""
         return self.scheduler.abort(request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix of the pool, as vLLM's ``reset_prefix_cache``; False (and
+        nothing dropped) while a request is unfinished. The persistent tier keeps its pages."""
+        if self.has_unfinished_requests():
+            return False
+        self.cache_manager.reset_prefix_cache()
+        return True
+
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs, or has an output not yet returned by step()."""
         return self.scheduler.has_unfinished()

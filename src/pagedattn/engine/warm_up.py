@@ -16,9 +16,8 @@ through the engine whose steps take every path a request can take:
 Every other request (any prompt length, chunked prefill, a prefix-cache hit, logprobs,
 penalties, many sequences, ``n`` > 1) combines the same signatures. Each request is seeded and
 greedy (the engine's random generator does not advance), and the engine's counters are reset
-afterwards (metrics count the user's requests only). With page sizes of 14 tokens or more (the
-default is 16) each request stays inside one page, so nothing enters the prefix cache or the KV
-store; with smaller pages their full pages are cached like any request's.
+afterwards (metrics count the user's requests only). Their pages never reach the persistent
+tier, and the prefix cache is emptied afterwards: the pool starts as empty as before.
 """
 
 from __future__ import annotations
@@ -66,11 +65,15 @@ def warm_up(engine: LLMEngine, *, compile_in_parallel: bool = False) -> float:
         raise ValueError("warm_up: expected an idle engine, it has unfinished requests")
     start = time.perf_counter()
     helper = compile_helper.start(engine) if compile_in_parallel else None
+    cache = engine.cache_manager
+    tier, cache.tier = cache.tier, None  # throwaway pages never reach the persistent tier
     try:
         _run_requests(engine)
     finally:
+        cache.tier = tier
         if helper is not None:
             compile_helper.stop(helper)
+    engine.reset_prefix_cache()  # nor the prefix cache
     _reset_counters(engine.scheduler.stats)  # the user's requests are the first counted
     return time.perf_counter() - start
 

@@ -155,8 +155,13 @@ class AsyncEngine:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """The engine's ``get_stats()`` as of the end of its latest loop iteration (read-only)."""
-        return self._stats
+        """The engine's ``get_stats()`` as of the end of its latest loop iteration (read-only),
+        with the persistent tier's counters read now: its writer thread goes on writing after
+        the last step of an idle engine."""
+        tier = self.engine.kv_tier
+        if tier is None:
+            return self._stats
+        return {**self._stats, "kv_store": tier.stats()}
 
     # ---- requests (event-loop side) --------------------------------------------------------
     async def generate(
