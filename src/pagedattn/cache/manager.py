@@ -111,11 +111,25 @@ class CacheManager(SequenceTables):
         """Eviction counts by reason (see :data:`EVICTION_REASONS`); plain monotonic ints."""
         return self.eviction.counts()
 
+    def group_page_tables(
+        self, seq_ids: Sequence[Hashable], max_pages: int | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """Per layer group, the padded page tables of ``seq_ids`` (one group here: every layer
+        shares the tables; see :meth:`page_tables`)."""
+        return (self.page_tables(seq_ids, max_pages),)
+
     def can_append(self, seq_id: Hashable, num_new_tokens: int = 1) -> bool:
         """True when :meth:`append_slots` of that many tokens needs no lossy eviction."""
         seq = self._get(seq_id)
         need = seq.pages_needed(num_new_tokens, self.page_size)
         return need <= self.num_free_pages + self.eviction.num_trim_freed(seq)
+
+    def can_draft(self, seq_id: Hashable, num_new_tokens: int) -> bool:
+        """True when appending that many drafted tokens needs only empty pages (drafts never
+        reclaim a cached page nor trim)."""
+        seq = self._get(seq_id)
+        need = seq.pages_needed(num_new_tokens, self.page_size)
+        return need <= self.allocator.num_allocatable(reclaim_cached=False)
 
     # ---- lifecycle -----------------------------------------------------------------------
 

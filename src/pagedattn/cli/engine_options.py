@@ -17,6 +17,7 @@ from pagedattn.cli.options import (
     ActivationsOption,
     BackendOption,
     DeviceOption,
+    DisableHybridKvOption,
     EngineSeedOption,
     KvCacheDtypeOption,
     KvCacheMibOption,
@@ -71,6 +72,7 @@ class EngineOptions:
     sinks: SinksOption = 0
     position_mode: PositionModeOption = "absolute"
     prefix_caching: PrefixCachingOption = True
+    disable_hybrid_kv_cache_manager: DisableHybridKvOption = False
     max_num_seqs: MaxNumSeqsOption = 64
     max_num_batched_tokens: MaxNumBatchedTokensOption = 2048
     max_model_len: MaxModelLenOption = None

@@ -71,6 +71,15 @@ PositionModeOption = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+DisableHybridKvOption = Annotated[
+    bool,
+    typer.Option(
+        "--disable-hybrid-kv-cache-manager",
+        help="Keep every layer's KV pages on a model with sliding-window layers (Gemma 3), "
+        "instead of only the pages each layer's window still sees: the same text, more memory.",
+        rich_help_panel=ENGINE,
+    ),
+]
 PrefixCachingOption = Annotated[
     bool,
     typer.Option(

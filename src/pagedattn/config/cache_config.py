@@ -29,6 +29,11 @@ class CacheConfig:
             ``(head_dim + 4) / (2 head_dim)`` of float16's bytes; symmetric absmax / 127, round
             to nearest-even; the kernels fold the scales in, in float32; head_dim a multiple of
             4). NumPy backend only.
+        disable_hybrid_kv_cache_manager: False (the default): on a model whose layers mix
+            full attention with sliding windows (Gemma 2 and 3), each kind of layer keeps its
+            own page tables and a sliding layer only the pages its window still sees
+            (:mod:`pagedattn.cache.layer_groups`); True: every layer keeps every page (vLLM's
+            flag of the same name), the same text with more memory.
         enable_prefix_caching: reuse full pages whose prefix hash matches (vLLM APC).
         sliding_window: W >= 1: a query at position p sees keys p - W < j <= p, and pages
             that leave the window are freed; None = full attention.
@@ -50,6 +55,7 @@ class CacheConfig:
     num_sink_tokens: int = 0
     position_mode: str = "absolute"
     kv_cache_dtype: str = "float32"
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_size, int) or self.page_size < 1:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedattn.cache import CacheManager, PagePool
+from pagedattn.cache import PagePool
 from pagedattn.cache.pool_snapshot import pool_snapshot
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_stats import engine_stats
+from pagedattn.engine.kv_groups import group_page_counts, hybrid_groups, kv_layout
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -88,21 +89,18 @@ class LLMEngine:
         )
         num_pages = cc.resolve_num_pages(mc)
         self.backend = engine_setup.check_model(config, model)
+        groups = hybrid_groups(config, mc, has_store=kv_store is not None)
+        pool_pages = (
+            num_pages if groups is None else sum(group_page_counts(num_pages, groups, config))
+        )
         self.page_pool = PagePool(
-            mc.num_layers, num_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
+            mc.num_layers, pool_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
             dtype=np.dtype(cc.kv_cache_dtype), backend=self.backend,
         )  # fmt: skip
         self.namespace = engine_setup.engine_namespace(config, mc, self.model_fingerprint)
         self.kv_tier = engine_setup.open_tier(kv_store, config, self.namespace, self.page_pool)
-        self.cache_manager = CacheManager(
-            num_pages,
-            cc.page_size,
-            self.namespace,
-            sliding_window=cc.sliding_window,
-            num_sink_tokens=cc.num_sink_tokens,
-            enable_prefix_caching=cc.enable_prefix_caching,
-            tier=self.kv_tier,
-        )
+        self.kv_layout = kv_layout(config, mc, groups, num_pages, self.namespace, self.kv_tier)
+        self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
         self.scheduler = Scheduler(
             cc,
@@ -120,6 +118,7 @@ class LLMEngine:
             cc,
             vocab_size=self.vocab_size,
             eos_token_ids=eos,
+            layer_groups=self.kv_layout.layer_groups,
         )
         self._requests = RequestBuilder(
             tokenizer, self.vocab_size, self.scheduler.max_model_len, config.seed

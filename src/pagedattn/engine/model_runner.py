@@ -54,6 +54,9 @@ class ModelRunner:
         vocab_size: the tokenizer's vocabulary size; logits of ids at or past it (padded
             embedding rows) are masked. None = the whole logits row is vocabulary.
         eos_token_ids: end-of-sequence ids (masked while a request's ``min_tokens`` runs).
+        layer_groups: the layer group of each model layer when the plan carries one
+            :class:`~pagedattn.engine.step_plan.GroupKV` per group (a hybrid KV cache); None
+            when every layer shares the page tables.
     """
 
     def __init__(
@@ -64,12 +67,14 @@ class ModelRunner:
         *,
         vocab_size: int | None = None,
         eos_token_ids: Collection[int] = (),
+        layer_groups: tuple[int, ...] | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
         self.cache_config = cache_config
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(sorted(eos_token_ids))
+        self.layer_groups = layer_groups
 
     def build(self, plan: StepPlan) -> ForwardBatch:
         """The ForwardBatch of a step (see :class:`ForwardBatch` for every array's layout):
@@ -100,18 +105,25 @@ class ModelRunner:
         if cfg.position_mode == "shifted" and cfg.num_sink_tokens > 0:
             assert cfg.sliding_window is not None  # CacheConfig guarantees it
             sink_positions = np.minimum(pos, cfg.num_sink_tokens + cfg.sliding_window - 1)
-        tables = np.stack([r.kv[0].page_table for r in plan.requests]).astype(np.int32)
+        groups = len(plan.requests[0].kv)
+        tables, slots = [], []
+        for g in range(groups):
+            table = np.stack([r.kv[g].page_table for r in plan.requests]).astype(np.int32)
+            tables.append(table[table_rows])
+            slots.append(np.concatenate([r.kv[g].slot_mapping for r in plan.requests]))
         return ForwardBatch(
             input_ids=np.concatenate([r.token_ids for r in plan.requests]),
             positions=pos,
-            slot_mapping=np.concatenate([r.kv[0].slot_mapping for r in plan.requests]),
+            slot_mapping=slots[0],
             query_start_loc=np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32),
             context_lens=np.asarray(context_lens, dtype=np.int32),
-            page_tables=tables[table_rows],
+            page_tables=tables[0],
             logits_indices=plan.logits_indices,
             sliding_window=cfg.sliding_window,
             num_sink_tokens=cfg.num_sink_tokens,
             sink_positions=sink_positions,
+            layer_groups=self.layer_groups if groups > 1 else None,
+            group_kv=tuple(zip(slots[1:], tables[1:], strict=True)),
         )
 
     def logits(self, plan: StepPlan) -> np.ndarray:

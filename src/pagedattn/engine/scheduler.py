@@ -203,8 +203,9 @@ class Scheduler:
         journal = StepJournal()
         try:
             self.planner.plan(journal)
-            page_tables = self.cache.page_tables([s.seq.seq_id for s in journal.scheduled])
-            plan = build_plan(journal.scheduled, (page_tables,))
+            ids = [s.seq.seq_id for s in journal.scheduled]
+            tables = self.cache.group_page_tables(ids)
+            plan = build_plan(journal.scheduled, tables, self.cache_config.page_size)
         except BaseException:
             journal.roll_back(self.cache, self.queues)
             raise

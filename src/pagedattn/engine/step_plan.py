@@ -27,7 +27,8 @@ from pagedattn.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class GroupKV:
-    """A request's KV addresses in one layer group (today one group: every layer).
+    """A request's KV addresses in one layer group (every layer, or with a hybrid KV cache the
+    layers of one attention type: :mod:`pagedattn.cache.layer_groups`).
 
     Attributes:
         slot_mapping: (num rows,) int64 KV slot of each token the step feeds.
@@ -166,19 +167,39 @@ def sampling_state(seq: Sequence) -> SamplingState:
     )
 
 
+def group_slots(table: np.ndarray, positions: np.ndarray, page_size: int) -> np.ndarray:
+    """(rows,) int64 slots of ``positions`` in a group's page table ``table``.
+
+    Raises:
+        ValueError: a position whose page the table does not hold.
+    """
+    index = positions // page_size
+    if index.size and (index.max() >= table.shape[0] or (table[index] < 0).any()):
+        raise ValueError(f"group page table holds no page for positions {positions.tolist()}")
+    out: np.ndarray = table[index].astype(np.int64) * page_size + positions % page_size
+    return out
+
+
 def build_plan(
-    scheduled: SequenceABC[ScheduledSeq], page_tables: SequenceABC[np.ndarray]
+    scheduled: SequenceABC[ScheduledSeq],
+    page_tables: SequenceABC[np.ndarray],
+    page_size: int | None = None,
 ) -> StepPlan:
     """Freeze the scheduler's step into a plan; the one place logits rows are laid out.
 
     Args:
         scheduled: the step's scheduled sequences, in batch order.
         page_tables: per layer group, (len(scheduled), max_pages_per_seq) int32 page tables.
+            Group 0's slots are the ones reserved (``ScheduledSeq.slot_mapping``); another
+            group's follow from its page table and the fed positions.
+        page_size: tokens per page; needed with more than one group.
 
     Raises:
-        ValueError: a slot mapping whose length is not its sequence's new tokens, or page
-            tables with another number of rows.
+        ValueError: a slot mapping whose length is not its sequence's new tokens, page
+            tables with another number of rows, or several groups without ``page_size``.
     """
+    if len(page_tables) > 1 and page_size is None:
+        raise ValueError("build_plan: several layer groups need page_size")
     for g, table in enumerate(page_tables):
         if table.shape[0] != len(scheduled):
             raise ValueError(
@@ -222,7 +243,13 @@ def build_plan(
                 num_new_tokens=n,
                 token_ids=token_ids,
                 positions=positions,
-                kv=tuple(GroupKV(slots, np.asarray(t[i], dtype=np.int32)) for t in page_tables),
+                kv=tuple(
+                    GroupKV(
+                        slots if g == 0 else group_slots(t[i], positions, page_size or 1),
+                        np.asarray(t[i], dtype=np.int32),
+                    )
+                    for g, t in enumerate(page_tables)
+                ),
                 draft_token_ids=item.draft_token_ids,
                 rows=LogitsRows(range(row, row + len(prompt)), sample, drafts),
                 prompt_first=prompt.start + 1,

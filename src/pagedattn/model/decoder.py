@@ -255,13 +255,15 @@ class DecoderModel:
         op = direct if hook is None else hook
         self._check_kv(kv)
         if attention_mass is not None and (
-            not batch.is_decode
+            batch.num_groups > 1
+            or not batch.is_decode
             or attention_mass.shape != batch.page_tables.shape
             or c.attn_scale is not None
         ):
             raise ValueError(
                 f"attention_mass: expected a decode batch and shape {batch.page_tables.shape} "
-                f"on a model with the default attention scale, got is_decode={batch.is_decode}, "
+                f"on a model with the default attention scale and one layer group, got "
+                f"is_decode={batch.is_decode}, groups={batch.num_groups}, "
                 f"shape {attention_mass.shape}, attn_scale={c.attn_scale}"
             )
         T = batch.num_tokens
@@ -272,26 +274,37 @@ class DecoderModel:
         sink_ropes = None
         if batch.sink_positions is not None:
             sink_ropes = op("rope", self._rope_tables, batch.sink_positions)
-        split = AttentionSplit(batch)
+        groups = [batch.for_group(g) for g in range(batch.num_groups)]  # per layer group
+        splits = [AttentionSplit(b) for b in groups]
         cache_shape: CacheShape = logical_shape(kv.shape[2:], kv.dtype)  # type: ignore[assignment]
-        slots = plan_slots(batch.slot_mapping, T, cache_shape)  # validated once, every layer
+        slots = [plan_slots(b.slot_mapping, T, cache_shape) for b in groups]  # validated once
         x = op("embedding", self._embed, ids)  # (T, H)
         if (
             hook is None
             and self._fused is not None
             and 0 < T <= FUSED_MAX_ROWS
-            and split.decode_only
+            and splits[0].decode_only
             and sink_ropes is None
             and attention_mass is None
         ):
-            self._decode_layers(x, kv, ropes, slots, split, cache_shape)
+            self._decode_layers(x, kv, ropes, slots, splits, batch, cache_shape)
         else:
-            step = LayerStep(
-                batch, split, slots, kv, ropes, sink_ropes, self.activations, attention_mass,
-                self._glu,
-            )  # fmt: skip
+            steps = [
+                LayerStep(
+                    b,
+                    split,
+                    s,
+                    kv,
+                    ropes,
+                    sink_ropes,
+                    self.activations,
+                    attention_mass,
+                    self._glu,
+                )
+                for b, split, s in zip(groups, splits, slots, strict=True)
+            ]
             for li, layer in enumerate(self.layers):
-                op("layer", run_layer, c, li, layer, x, step, op)
+                op("layer", run_layer, c, li, layer, x, steps[batch.group_of(li)], op)
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
         rows = op("norm", rms_norm, rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
         logits: np.ndarray = op(
@@ -307,18 +320,22 @@ class DecoderModel:
         x: np.ndarray,
         kv: np.ndarray,
         ropes: list[RopeTables],
-        slots: SlotPlan,
-        split: AttentionSplit,
+        group_slots: list[SlotPlan],
+        splits: list[AttentionSplit],
+        batch: ForwardBatch,
         cache_shape: CacheShape,
     ) -> None:
         """Every layer of a decode step, one compiled call each (the same kernels, in the same
-        order, as :func:`~pagedattn.model.layer_loop.run_layer`)."""
+        order, as :func:`~pagedattn.model.layer_loop.run_layer`); each layer reads its layer
+        group's slots and page tables."""
         c = self.config
         eps = np.float32(c.rms_norm_eps)
         int8 = True if self.activations == "int8" else None  # the compiled path: see decode_layer
         gelu = True if self.arch.activation == "gelu_tanh" else None
         pool = kernel_cache(kv)  # float16 pools as their uint16 bits
         for li, weights in enumerate(self._fused or ()):
+            g = batch.group_of(li)
+            slots, split = group_slots[g], splits[g]
             plan = split.decode_plan(cache_shape, c.layer_window(li), c.attn_scale)
             cos, sin = ropes[li]
             decode_layer(  # type: ignore[call-arg]

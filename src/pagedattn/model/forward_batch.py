@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,12 @@ class ForwardBatch:
         num_sink_tokens: S, the first S tokens stay visible whatever the window.
         sink_positions: None (absolute positions), or (num_tokens,) int64 the in-cache position
             each query takes against sink keys (StreamingLLM "shifted" mode, arXiv 2309.17453).
+        layer_groups: None (every layer reads ``page_tables`` and writes ``slot_mapping``), or
+            the layer group of each layer (a hybrid KV cache,
+            :mod:`pagedattn.cache.layer_groups`): group 0's layers use ``page_tables`` and
+            ``slot_mapping``, group ``g >= 1``'s use ``group_kv[g - 1]``.
+        group_kv: per layer group after the first, its ``(slot_mapping, page_tables)`` shaped
+            as ``slot_mapping`` and as ``page_tables`` (rows).
     """
 
     input_ids: np.ndarray
@@ -41,6 +48,8 @@ class ForwardBatch:
     sliding_window: int | None = None
     num_sink_tokens: int = 0
     sink_positions: np.ndarray | None = None
+    layer_groups: tuple[int, ...] | None = None
+    group_kv: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
 
     def __post_init__(self) -> None:
         n = self.input_ids.shape[0]
@@ -68,6 +77,37 @@ class ForwardBatch:
             raise ValueError(
                 f"ForwardBatch.query_start_loc must start at 0 and end at num_tokens={n}"
             )
+
+        groups = 1 + len(self.group_kv)
+        if self.layer_groups is not None and set(self.layer_groups) != set(range(groups)):
+            raise ValueError(
+                f"ForwardBatch.layer_groups: expected groups 0..{groups - 1}, "
+                f"got {sorted(set(self.layer_groups))}"
+            )
+        for g, (slots, tables) in enumerate(self.group_kv, start=1):
+            if slots.shape != (n,) or tables.ndim != 2 or tables.shape[0] != num_seqs:
+                raise ValueError(
+                    f"ForwardBatch.group_kv[{g - 1}]: expected slots ({n},) and tables "
+                    f"({num_seqs}, max_pages_per_seq), got {slots.shape} and {tables.shape}"
+                )
+
+    @property
+    def num_groups(self) -> int:
+        """Layer groups with their own page tables (1 without a hybrid KV cache)."""
+        return 1 + len(self.group_kv)
+
+    def group_of(self, layer: int) -> int:
+        """The layer group of model layer ``layer``."""
+        return 0 if self.layer_groups is None else self.layer_groups[layer]
+
+    def for_group(self, group: int) -> ForwardBatch:
+        """The batch as layer group ``group``'s layers see it: its slots and page tables."""
+        if group == 0:
+            return self
+        slots, tables = self.group_kv[group - 1]
+        return dataclasses.replace(
+            self, slot_mapping=slots, page_tables=tables, layer_groups=None, group_kv=()
+        )
 
     @property
     def num_seqs(self) -> int:

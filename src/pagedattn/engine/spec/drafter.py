@@ -87,7 +87,6 @@ class Drafter:
         c = self.config
         share = int(c.speculative_token_share * c.max_num_batched_tokens)
         left = min(budget, share - sum(s.num_new_tokens for s in scheduled))
-        ps = cache.page_size
         rows = sum(1 for s in scheduled if s.num_new_tokens == 1)  # the step's decode rows
         for i, item in enumerate(scheduled):
             if left <= 0:
@@ -110,9 +109,7 @@ class Drafter:
             if not tokens:
                 continue
             state.probe_due = False
-            reserved = cache.num_tokens(seq.seq_id)
-            need = -(-(reserved + len(tokens)) // ps) - -(-reserved // ps)
-            if need > cache.allocator.num_allocatable(reclaim_cached=False):
+            if not cache.can_draft(seq.seq_id, len(tokens)):
                 continue  # drafts take empty pages only
             slots = cache.append_slots(seq.seq_id, tokens)
             scheduled[i] = dataclasses.replace(

@@ -1,0 +1,172 @@
+"""HybridCacheManager: per-group page tables, window trimming of the sliding group, prefix hits
+under the sliding rule, atomic reservations, forks; layer groups from per-layer windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedattn.cache import CacheManager, OutOfPagesError
+from pagedattn.cache.hybrid_manager import HybridCacheManager
+from pagedattn.cache.layer_groups import LayerGroup, group_of_layers, layer_groups
+
+NS = b"hybrid-test"
+PS, W = 4, 8  # a query at p sees keys p - 7 .. p: at most 3 pages of 4
+
+
+def hybrid(full: int = 64, sliding: int = 16, **kwargs: object) -> HybridCacheManager:
+    groups = (LayerGroup(None, (5,)), LayerGroup(W, (0, 1, 2, 3, 4)))
+    return HybridCacheManager(groups, (full, sliding), PS, NS, **kwargs)  # type: ignore[arg-type]
+
+
+def run(m: CacheManager, seq: object, tokens: np.ndarray, chunk: int = PS) -> None:
+    """Append ``tokens`` chunk by chunk, committing each (successful steps)."""
+    for i in range(0, len(tokens), chunk):
+        m.append_slots(seq, tokens[i : i + chunk])
+        m.commit_written(seq)
+
+
+def free_cached(m: CacheManager) -> int:
+    """Free pages that still hold a cached prefix."""
+    a = m.allocator
+    return a.num_allocatable(reclaim_cached=True) - a.num_allocatable(reclaim_cached=False)
+
+
+def sliding(m: HybridCacheManager) -> CacheManager:
+    return m.group_managers[1]
+
+
+def test_layer_groups_full_first_then_windows() -> None:
+    windows = (8, 8, 0, 8, 4, 0)
+    groups = layer_groups(6, windows)
+    assert groups == (
+        LayerGroup(None, (2, 5)),
+        LayerGroup(8, (0, 1, 3)),
+        LayerGroup(4, (4,)),
+    )
+    assert group_of_layers(groups, 6) == (1, 1, 0, 1, 2, 0)
+    assert layer_groups(3, None) == (LayerGroup(None, (0, 1, 2)),)
+    with pytest.raises(ValueError, match="2 layer windows for 3 layers"):
+        layer_groups(3, (8, 0))
+
+
+def test_sliding_group_keeps_only_its_window_and_full_group_every_page() -> None:
+    m = hybrid()
+    m.add_sequence("a")
+    tokens = np.arange(100, 140)
+    run(m, "a", tokens)
+    full_table = m.page_table("a")
+    slide_table = sliding(m).page_table("a")
+    assert len(full_table) == len(slide_table) == 10
+    assert -1 not in full_table
+    # the last query (position 39) sees keys 32..39, the next one 33..40: pages 8 and 9 and,
+    # for the page before the window of position 36's query, page 7 (it was not yet trimmed)
+    assert [i for i, p in enumerate(slide_table) if p != -1] == [7, 8, 9]
+    assert m.group_resident_pages() == (10, 3)
+    # global page ids: the sliding group's come after the full group's 64
+    tables = m.group_page_tables(["a"])
+    assert tables[0][0].tolist() == full_table
+    assert tables[1][0].tolist() == [p + 64 if p != -1 else -1 for p in slide_table]
+    assert m.evictions["sliding_window"] == 7
+    m.check_integrity()
+
+
+def test_window_pages_go_to_the_prefix_cache_lru() -> None:
+    m = hybrid()
+    m.add_sequence("a")
+    run(m, "a", np.arange(100, 140))
+    s = sliding(m)
+    # trimmed full hashed pages: free, but cached (reused last, and still a prefix hit)
+    assert free_cached(s) == 7 and free_cached(m) == 0
+    m.free_sequence("a")
+    assert free_cached(s) == 10 and free_cached(m) == 10
+    m.check_integrity()
+
+
+def test_prefix_hit_needs_only_the_window_before_the_hit_point() -> None:
+    m = hybrid()
+    a = np.arange(100, 140)
+    m.add_sequence("a")
+    run(m, "a", a)
+    m.free_sequence("a")
+    s = sliding(m)
+    # Reclaim the 6 empty sliding pages and the 7 oldest cached ones (indices 0..6): the
+    # sliding group keeps only pages 7, 8, 9 of the prefix.
+    taken = [s.allocator.allocate() for _ in range(13)]
+    assert s.allocator.num_lru_evictions == 7
+    for page_id in taken:
+        s.allocator.release(page_id)
+    prompt = np.concatenate([a, np.arange(500, 510)])
+    assert m.add_sequence("b", prompt) == 40  # pages 8, 9 are all a query at 40 sees
+    assert [i for i, p in enumerate(s.page_table("b")) if p != -1] == [8, 9]
+    assert -1 not in m.page_table("b")
+    run(m, "b", prompt[40:], chunk=10)
+    m.check_integrity()
+    m.free_sequence("b")
+    m.check_integrity()
+
+
+def test_hit_shrinks_to_where_the_sliding_group_still_holds_the_window() -> None:
+    m = hybrid()
+    a = np.arange(100, 140)
+    m.add_sequence("a")
+    run(m, "a", a)
+    m.free_sequence("a")
+    s = sliding(m)
+    # 6 empty pages, then the LRU order is indices 0..6 (trimmed), then 9, 8, 7 (freed last
+    # page first): 14 reclaims take index 9 as well.
+    taken = [s.allocator.allocate() for _ in range(14)]
+    for page_id in taken:
+        s.allocator.release(page_id)
+    prompt = np.concatenate([a, np.arange(500, 510)])
+    # h = 10 pages would need 8 and 9; h = 9 (36 tokens) needs pages 7 and 8, still cached
+    assert m.add_sequence("b", prompt) == 36
+    assert [i for i, p in enumerate(s.page_table("b")) if p != -1] == [7, 8]
+    assert len(m.page_table("b")) == 9  # the full group took exactly the same prefix
+    run(m, "b", prompt[36:], chunk=7)
+    m.check_integrity()
+
+
+def test_no_hit_when_the_sliding_group_lost_the_window() -> None:
+    m = hybrid()
+    a = np.arange(100, 140)
+    m.add_sequence("a")
+    run(m, "a", a)
+    m.free_sequence("a")
+    s = sliding(m)
+    taken = [s.allocator.allocate() for _ in range(16)]
+    for page_id in taken:
+        s.allocator.release(page_id)
+    held = m.allocator.num_free_pages
+    assert m.add_sequence("b", np.concatenate([a, [7, 7, 7]])) == 0
+    assert m.page_table("b") == [] and m.allocator.num_free_pages == held  # nothing taken
+    m.check_integrity()
+
+
+def test_a_reservation_the_sliding_group_cannot_hold_changes_no_group() -> None:
+    m = hybrid(full=64, sliding=2)
+    m.add_sequence("a")
+    assert not m.can_append("a", 12)  # 3 pages: the full group could, the sliding one not
+    with pytest.raises(OutOfPagesError):
+        m.append_slots("a", np.arange(12))
+    assert m.num_tokens("a") == 0 and sliding(m).num_tokens("a") == 0
+    assert m.allocator.num_free_pages == 64
+    m.check_integrity()
+    assert m.can_append("a", 8)
+
+
+def test_fork_copies_each_groups_partial_page_in_global_ids() -> None:
+    m = hybrid(full=16, sliding=16)
+    m.add_sequence("p")
+    run(m, "p", np.arange(30), chunk=30)
+    copies = m.fork("p", "c")
+    full_src, slide_src = m.page_table("p")[-1], sliding(m).page_table("p")[-1]
+    assert copies == [
+        (full_src, m.page_table("c")[-1]),
+        (slide_src + 16, sliding(m).page_table("c")[-1] + 16),
+    ]
+    m.check_integrity()
+    m.free_sequence("p")
+    m.free_sequence("c")
+    assert m.group_resident_pages() == (0, 0)
+    m.check_integrity()

@@ -1,0 +1,119 @@
+"""The hybrid KV cache on a tiny Gemma 3 (5 sliding-window layers of window 8, 1 full layer,
+pages of 4 tokens): greedy text equals transformers and the every-layer cache bitwise, the
+sliding layers keep only their window's pages, and a conversation's later turns reuse the
+earlier ones through both layer groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pagedattn.cache.hybrid_manager import HybridCacheManager
+from pagedattn.engine.llm import LLM
+from pagedattn.model.loader import load_model
+from pagedattn.sampling_params import SamplingParams
+from tests.model.conftest import hf_greedy
+from tests.model.families import WINDOW, hf_model, save_folder
+
+PS = 4
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> dict[str, Any]:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("gemma3-hybrid")
+    tokenizer_json = root / "tokenizer.json"
+    load_model(tiny_gguf).tokenizer.backend.save(str(tokenizer_json))
+    hf = hf_model("gemma3")
+    return {"hf": hf, "folder": str(save_folder(hf, root / "hf", tokenizer_json))}
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return [int(i) for i in np.random.default_rng(seed).integers(3, 272, length)]
+
+
+def _llm(gemma: dict[str, Any], **kwargs: Any) -> LLM:
+    options = {"page_size": PS, "num_pages": 128, "max_num_batched_tokens": 8, **kwargs}
+    return LLM(model=gemma["folder"], **options)
+
+
+def _run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[Any]:
+    return [o.outputs[0] for o in llm.generate(prompts, params)]
+
+
+def test_greedy_and_logprobs_equal_transformers_and_every_layer_cache(
+    gemma: dict[str, Any],
+) -> None:
+    prompts = [_prompt(2, 43), _prompt(3, 2 * WINDOW + 1), _prompt(4, 30)]
+    want = [hf_greedy(gemma["hf"], p, NEW) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=3)
+    with _llm(gemma) as llm:
+        assert isinstance(llm.engine.cache_manager, HybridCacheManager)
+        batched = _run(llm, prompts, params)
+        solo = [_run(llm, [p], params)[0] for p in prompts]
+    with _llm(gemma, disable_hybrid_kv_cache_manager=True) as llm:
+        assert not isinstance(llm.engine.cache_manager, HybridCacheManager)
+        every = _run(llm, prompts, params)
+    assert [o.token_ids for o in batched] == want
+    assert [o.token_ids for o in solo] == want
+    assert [o.token_ids for o in every] == want
+    for ours, theirs in zip([*batched, *solo], [*every, *every], strict=True):
+        assert ours.cumulative_logprob == theirs.cumulative_logprob  # bitwise
+        assert ours.logprobs == theirs.logprobs
+
+
+def test_sliding_layers_hold_only_their_window(gemma: dict[str, Any]) -> None:
+    prompt, max_tokens = _prompt(5, 60), 40
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    peaks = []
+    for disable in (False, True):
+        chunks = {"long_prefill_token_threshold": 8}  # prompt chunks of 8 tokens
+        with _llm(gemma, disable_hybrid_kv_cache_manager=disable, **chunks) as llm:
+            engine = llm.engine
+            cache = engine.cache_manager
+            engine.add_request(prompt, params)
+            peak = [0, 0]
+            while engine.has_unfinished_requests():
+                engine.step()
+                held = (
+                    cache.group_resident_pages()
+                    if isinstance(cache, HybridCacheManager)
+                    else (cache.num_pages - cache.allocator.num_free_pages,) * 2
+                )
+                peak = [max(a, b) for a, b in zip(peak, held, strict=True)]
+            peaks.append(peak)
+    kv_tokens = len(prompt) + max_tokens - 1  # the last token's KV is never computed
+    full_pages = -(-kv_tokens // PS)
+    # A chunk of 8 new tokens from position n (a multiple of 8) sees keys from n - 7: pages
+    # (n - 7) // 4 .. (n + 7) // 4, 4 pages of 4; a decode step at n pages (n - 7) // 4 ..
+    # n // 4, at most 3.
+    assert peaks[0] == [full_pages, 4]
+    assert peaks[1] == [full_pages, full_pages]
+
+
+def test_conversation_turns_reuse_both_groups(gemma: dict[str, Any]) -> None:
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    turns = [_prompt(6, 40), _prompt(7, 10), _prompt(8, 12)]
+    results = {}
+    for caching in (True, False):
+        prompt: list[int] = []
+        outs = []
+        with _llm(gemma, enable_prefix_caching=caching) as llm:
+            for user in turns:
+                prompt = prompt + user
+                out = llm.generate([prompt], params)[0]
+                outs.append((out.num_cached_tokens, list(out.outputs[0].token_ids)))
+                prompt = prompt + list(out.outputs[0].token_ids)
+        results[caching] = outs
+    assert [t for _, t in results[True]] == [t for _, t in results[False]]
+    # Turn k reuses the KV turn k - 1 wrote (its prompt and answer but the answer's last
+    # token), in whole pages.
+    prompt_lens = [40, 40 + NEW + 10, 40 + 2 * NEW + 22]
+    want = [0] + [(n + NEW - 1) // PS * PS for n in prompt_lens[:-1]]
+    assert [c for c, _ in results[True]] == want
+    assert [c for c, _ in results[False]] == [0, 0, 0]
