@@ -117,3 +117,46 @@ def test_conversation_turns_reuse_both_groups(gemma: dict[str, Any]) -> None:
     want = [0] + [(n + NEW - 1) // PS * PS for n in prompt_lens[:-1]]
     assert [c for c, _ in results[True]] == want
     assert [c for c, _ in results[False]] == [0, 0, 0]
+
+
+def test_forks_and_preemption_equal_the_every_layer_cache(gemma: dict[str, Any]) -> None:
+    prompts = [_prompt(9 + i, 30) for i in range(3)]
+    params = [
+        SamplingParams(temperature=0.8, seed=i, n=2, max_tokens=20, ignore_eos=True)
+        for i in range(3)
+    ]
+    runs = {}
+    for disable in (False, True):
+        with _llm(gemma, num_pages=24, max_num_seqs=4,
+                  disable_hybrid_kv_cache_manager=disable) as llm:  # fmt: skip
+            outs = llm.generate(prompts, params)
+            runs[disable] = [[list(c.token_ids) for c in o.outputs] for o in outs]
+            assert llm.engine.scheduler.stats.num_preemptions > 0
+            llm.engine.cache_manager.check_integrity()
+        if not disable:
+            with _llm(gemma, num_pages=24) as llm:
+                solo = [
+                    [list(c.token_ids) for c in llm.generate([p], q)[0].outputs]
+                    for p, q in zip(prompts, params, strict=True)
+                ]
+    assert runs[False] == runs[True] == solo
+
+
+def test_user_window_and_sinks_apply_to_both_groups(gemma: dict[str, Any]) -> None:
+    prompts = [_prompt(12, 50), _prompt(13, 21)]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+    runs = {}
+    for disable in (False, True):
+        with _llm(gemma, sliding_window=12, num_sink_tokens=4,
+                  disable_hybrid_kv_cache_manager=disable) as llm:  # fmt: skip
+            cache = llm.engine.cache_manager
+            if not disable:
+                assert isinstance(cache, HybridCacheManager)
+                assert cache.windows == (12, WINDOW)  # the full layers take the user's window
+            runs[disable] = [(o.token_ids, o.logprobs) for o in _run(llm, prompts, params)]
+    assert runs[False] == runs[True]
+
+
+def test_shifted_positions_are_refused_on_a_sliding_model(gemma: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"--position-mode shifted with --sliding-window 12"):
+        _llm(gemma, sliding_window=12, position_mode="shifted")
