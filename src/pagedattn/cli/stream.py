@@ -28,6 +28,8 @@ class StreamResult:
         prefill_s: first scheduled -> first token, seconds (the prompt's forward passes).
         decode_s: first token -> last token, seconds (covers ``len(token_ids) - 1`` tokens).
         peak_pages: most KV pages referenced while a step of this request ran.
+        peak_group_bytes: per layer group (``full``, ``sliding_W``), the most bytes of K and V
+            its referenced pages held while a step ran.
         num_pages, page_size: the pool's size and page size.
         num_tier_tokens: prompt tokens restored from the persistent KV tier (None: no tier).
         warmup_s: seconds of the warm-up request run before this one (see :func:`warm_up`),
@@ -44,6 +46,7 @@ class StreamResult:
     prefill_s: float | None = None
     decode_s: float | None = None
     peak_pages: int = 0
+    peak_group_bytes: dict[str, int] = field(default_factory=dict)
     num_pages: int = 0
     page_size: int = 0
     num_tier_tokens: int | None = None
@@ -107,6 +110,8 @@ def stream_request(
         while engine.has_unfinished_requests():
             outputs = engine.step()
             result.peak_pages = max(result.peak_pages, outputs.report.num_pages_used)
+            for name, held in outputs.report.kv_group_bytes:
+                result.peak_group_bytes[name] = max(result.peak_group_bytes.get(name, 0), held)
             for out in outputs:
                 if out.request_id != request_id:
                     continue
@@ -159,6 +164,10 @@ def format_stats(result: StreamResult) -> str:
         f"time to first token: {secs(result.ttft_s)}",
         f"pages used (peak): {result.peak_pages} of {result.num_pages} "
         f"(page_size {result.page_size})",
+        *(
+            f"kv resident (peak) {name}: {held / 2**20:.2f} MiB"
+            for name, held in result.peak_group_bytes.items()
+        ),
         f"cached prompt tokens: {result.num_cached_tokens} of {len(result.prompt_token_ids)}",
         f"finish reason: {result.finish_reason}",
     ]

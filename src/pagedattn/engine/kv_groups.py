@@ -6,8 +6,9 @@ shared between the groups."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from pagedattn.cache import CacheManager
+from pagedattn.cache import CacheManager, PagePool
 from pagedattn.cache.hybrid_manager import HybridCacheManager
 from pagedattn.cache.layer_groups import LayerGroup, effective_window, group_of_layers, layer_groups
 from pagedattn.cache.tier_pages import PageTier
@@ -113,3 +114,27 @@ def kv_layout(
         num_sink_tokens=cc.num_sink_tokens, enable_prefix_caching=cc.enable_prefix_caching,
     )  # fmt: skip
     return KVLayout(hybrid, sum(counts), group_of_layers(groups, mc.num_layers), groups)
+
+
+def group_usage(layout: KVLayout, pool: PagePool) -> list[dict[str, Any]]:
+    """Each layer group's pages now: ``name`` (``"full"`` or ``"sliding_W"``), ``window``
+    (None: full attention), ``num_layers``, ``num_pages`` (the group's share of the pool),
+    ``resident_pages`` (referenced by a sequence) and ``resident_bytes`` (those pages' K and V
+    in the group's layers)."""
+    manager = layout.manager
+    managers = manager.group_managers if isinstance(manager, HybridCacheManager) else (manager,)
+    page_layer_bytes = pool.nbytes // (pool.num_layers * pool.num_pages)
+    out = []
+    for group, m in zip(layout.groups, managers, strict=True):
+        held = m.num_pages - m.allocator.num_free_pages
+        out.append(
+            {
+                "name": "full" if group.window is None else f"sliding_{group.window}",
+                "window": group.window,
+                "num_layers": len(group.layers),
+                "num_pages": m.num_pages,
+                "resident_pages": held,
+                "resident_bytes": held * page_layer_bytes * len(group.layers),
+            }
+        )
+    return out

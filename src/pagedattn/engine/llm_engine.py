@@ -8,6 +8,7 @@ prompt into a request's sequences, :mod:`pagedattn.engine.engine_stats` gathers 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence as SequenceABC
@@ -20,7 +21,7 @@ from pagedattn.cache.pool_snapshot import pool_snapshot
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_stats import engine_stats
-from pagedattn.engine.kv_groups import group_page_counts, hybrid_groups, kv_layout
+from pagedattn.engine.kv_groups import group_page_counts, group_usage, hybrid_groups, kv_layout
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -212,6 +213,7 @@ class LLMEngine:
         plan = self._schedule()
         scheduled = time.perf_counter()
         pages_used = self.cache_manager.num_pages - self.cache_manager.allocator.num_free_pages
+        group_bytes = tuple((g["name"], g["resident_bytes"]) for g in self.kv_group_usage())
         clock = self._requests.detokenize_clock
         try:
             out = self.runner.run(plan)
@@ -233,6 +235,7 @@ class LLMEngine:
         counters = StepCounters.of(self.scheduler.stats, self.cache_manager)
         report = step_report(plan, counters.since(before), self.cache_manager.num_pages,
                              pages_used, timings, failed=failed)  # fmt: skip
+        report = dataclasses.replace(report, kv_group_bytes=group_bytes)
         return StepResult(outputs, report)
 
     def _schedule(self) -> StepPlan:
@@ -267,8 +270,17 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def get_stats(self) -> dict[str, Any]:
-        """Plain counters for metrics: see :func:`pagedattn.engine.engine_stats.engine_stats`."""
-        return engine_stats(self.scheduler, self.cache_manager, self.kv_tier)
+        """Plain counters for metrics: see :func:`pagedattn.engine.engine_stats.engine_stats`,
+        and ``kv_groups``: each layer group's pages
+        (:func:`pagedattn.engine.kv_groups.group_usage`; one group when every layer keeps
+        every page)."""
+        stats = engine_stats(self.scheduler, self.cache_manager, self.kv_tier)
+        stats["kv_groups"] = self.kv_group_usage()
+        return stats
+
+    def kv_group_usage(self) -> list[dict[str, Any]]:
+        """Each layer group's pages now (:func:`pagedattn.engine.kv_groups.group_usage`)."""
+        return group_usage(self.kv_layout, self.page_pool)
 
     def kv_snapshot(self, max_sequences: int = 256, max_table: int = 1024) -> dict[str, Any]:
         """The page pool as plain data, ids and counts only (never token ids): ``pool`` (a

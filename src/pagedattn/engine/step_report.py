@@ -50,6 +50,8 @@ class StepReport:
         num_generated_tokens: tokens sampled and accepted this step.
         num_pages: the pool's pages.
         num_pages_used: pages referenced while the forward ran (after scheduling).
+        kv_group_bytes: per layer group (``full``, ``sliding_W``), the bytes of K and V its
+            referenced pages held while the forward ran.
         num_prefix_hit_tokens: prompt tokens served from the prefix cache at this step's
             first admissions.
         num_tier_restored_tokens: of those, tokens restored from the persistent tier.
@@ -70,6 +72,7 @@ class StepReport:
     num_tier_restored_tokens: int = 0
     num_preemptions: int = 0
     timings: StepTimings = field(default_factory=StepTimings)
+    kv_group_bytes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ thread as outputs arrive:
 
 - gauges: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (0..1,
   fraction of pages referenced by a sequence), ``num_free_pages``, ``num_used_pages``,
-  ``num_pages``;
+  ``num_pages``; per layer group (label ``group``: ``full``, or ``sliding_W`` for the
+  sliding-window layers of a hybrid KV cache) ``kv_group_pages``, ``kv_group_resident_pages``
+  (held by sequences) and ``kv_group_resident_bytes`` (their K and V in the group's layers);
 - counters (``_total``): ``prompt_tokens``, ``generation_tokens``, ``prefix_cache_queries``
   and ``prefix_cache_hits`` (tokens; a recompute after preemption is neither), ``num_preemptions``,
   ``request_success{finished_reason}`` (every finished request by finish reason: "stop" and
@@ -107,6 +109,7 @@ class EngineStatsCollector(Collector):
         yield gauge("num_pages", "KV pages in the pool.", pages)
         yield gauge("num_free_pages", "KV pages allocatable now (cached ones too).", free)
         yield gauge("num_used_pages", "KV pages held by sequences.", pages - free)
+        yield from kv_group_gauges(s.get("kv_groups") or [], m)
         yield counter(
             "prompt_tokens", "Prompt tokens of admitted requests.", s["num_prompt_tokens"]
         )
@@ -254,3 +257,20 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of the registry."""
         return bytes(generate_latest(self.registry))
+
+
+def kv_group_gauges(groups: list[Mapping[str, Any]], model_name: str) -> Iterable[Metric]:
+    """The per-layer-group gauges of a ``get_stats()["kv_groups"]`` list (see the module doc)."""
+    docs = {
+        "num_pages": ("kv_group_pages", "KV pages of the layer group's share of the pool."),
+        "resident_pages": ("kv_group_resident_pages", "KV pages held by sequences, per group."),
+        "resident_bytes": (
+            "kv_group_resident_bytes",
+            "Bytes of K and V held by sequences in the layer group's layers.",
+        ),
+    }
+    for key, (name, doc) in docs.items():
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name", "group"])
+        for group in groups:
+            family.add_metric([model_name, str(group["name"])], float(group[key]))
+        yield family
