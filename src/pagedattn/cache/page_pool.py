@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,12 +20,18 @@ def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
     ``np.zeros`` is lazy as well, but NumPy advises transparent huge pages for large arrays, so
     the first write into each 2 MiB of the pool would make all of it resident (a short prompt
-    would cost each layer's K and V a huge page); here the mapping asks for small pages.
+    would cost each layer's K and V a huge page); here the mapping asks for small pages. On
+    Linux the mapping reserves no swap (``MAP_NORESERVE``): a hybrid KV cache's pool spans more
+    page ids than its budget (each layer group's rows of the others' ids are never written),
+    and the kernel's overcommit heuristic would refuse the whole span at once.
     """
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    if sys.platform == "linux":  # reserve no swap up front: only written pages cost memory
+        flags |= getattr(mmap, "MAP_NORESERVE", 0x4000)
+    buffer = mmap.mmap(-1, nbytes, flags=flags)
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)  # Linux only
     if advice is not None:
         buffer.madvise(advice)
