@@ -228,3 +228,21 @@ def test_generate_stats_prints_kv_resident_peak_per_group(
         sliding_pages = max(-(-n // PS), 3)
         assert f"kv resident (peak) full: {full_pages * mib:.2f} MiB" in err, err
         assert f"kv resident (peak) sliding_{WINDOW}: {sliding_pages * 5 * mib:.2f} MiB" in err
+
+
+def test_speculative_drafts_keep_the_window_of_the_step_token(gemma: dict[str, Any]) -> None:
+    # The tiny model's greedy text soon repeats itself, so the n-gram drafter proposes (and the
+    # model accepts) drafts: a verify step reserves the step token and then its drafts, and the
+    # step token's own query still sees the oldest page of its window.
+    prompts = [_prompt(seed, 20) for seed in range(9, 13)]
+    want = [hf_greedy(gemma["hf"], p, 40) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
+    runs = {}
+    for disable in (False, True):
+        with _llm(gemma, speculative="ngram", max_num_batched_tokens=64,
+                  disable_hybrid_kv_cache_manager=disable) as llm:  # fmt: skip
+            outs = [_run(llm, [p], params)[0] for p in prompts]
+            runs[disable] = [(o.token_ids, o.logprobs) for o in outs]
+            assert llm.engine.get_stats()["spec_num_accepted_tokens"] > 40
+    assert [t for t, _ in runs[False]] == want
+    assert runs[False] == runs[True]

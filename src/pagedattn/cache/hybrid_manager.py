@@ -165,16 +165,18 @@ class HybridCacheManager(CacheManager):
             m._seqs[seq_id] = seq
         return seqs[0].num_tokens
 
-    def append_slots(self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    def append_slots(
+        self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray, *, trim: bool = True
+    ) -> np.ndarray:
         """Reserve the new tokens' slots in every group (see :meth:`CacheManager.append_slots`);
         returns group 0's slots (the others' follow from their page tables). A group that
         cannot hold them raises after the groups before it took their reservation back."""
         start = self.num_tokens(seq_id)
-        slots = CacheManager.append_slots(self, seq_id, token_ids)
+        slots = CacheManager.append_slots(self, seq_id, token_ids, trim=trim)
         done: list[CacheManager] = [self]
         try:
             for m in self._others():
-                m.append_slots(seq_id, token_ids)
+                m.append_slots(seq_id, token_ids, trim=trim)
                 done.append(m)
         except BaseException:
             for m in done:

@@ -168,7 +168,9 @@ class CacheManager(SequenceTables):
         self._seqs[seq_id] = seq
         return seq.num_tokens
 
-    def append_slots(self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    def append_slots(
+        self, seq_id: Hashable, token_ids: Sequence[int] | np.ndarray, *, trim: bool = True
+    ) -> np.ndarray:
         """Reserve KV slots for new tokens; a page is allocated when its first token arrives.
 
         First drops pages outside the window of the first new token (:mod:`.eviction`), then
@@ -178,6 +180,8 @@ class CacheManager(SequenceTables):
         Args:
             seq_id: an existing sequence.
             token_ids: (num_new_tokens,) integer ids of the tokens being written.
+            trim: False when the step already reserved earlier tokens of this sequence whose
+                queries still see those pages (drafts appended after the step token).
 
         Returns:
             slot_mapping, int64 ``(num_new_tokens,)``: ``page_id * page_size + offset``.
@@ -190,7 +194,8 @@ class CacheManager(SequenceTables):
         seq = self._get(seq_id)
         tokens = validate_token_ids(token_ids)
         ps, n0, k = self.page_size, seq.num_tokens, len(tokens)
-        self.eviction.trim(seq, n0)
+        if trim:
+            self.eviction.trim(seq, n0)
         need = seq.pages_needed(k, ps)
         self.eviction.make_room(need, self._seqs, writer=seq_id)
         for _ in range(need):

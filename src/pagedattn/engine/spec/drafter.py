@@ -111,7 +111,8 @@ class Drafter:
             state.probe_due = False
             if not cache.can_draft(seq.seq_id, len(tokens)):
                 continue  # drafts take empty pages only
-            slots = cache.append_slots(seq.seq_id, tokens)
+            # no window trimming: the step token's own query still sees the oldest window page
+            slots = cache.append_slots(seq.seq_id, tokens, trim=False)
             scheduled[i] = dataclasses.replace(
                 item, draft_token_ids=tuple(tokens), draft_slot_mapping=slots
             )
