@@ -5,13 +5,14 @@ earlier ones through both layer groups."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pagedattn.cache.hybrid_manager import HybridCacheManager
+from pagedattn.cache.hybrid_manager import HybridCacheManager, group_namespace
 from pagedattn.engine.llm import LLM
 from pagedattn.model.loader import load_model
 from pagedattn.sampling_params import SamplingParams
@@ -246,3 +247,39 @@ def test_speculative_drafts_keep_the_window_of_the_step_token(gemma: dict[str, A
             assert llm.engine.get_stats()["spec_num_accepted_tokens"] > 40
     assert [t for t, _ in runs[False]] == want
     assert runs[False] == runs[True]
+
+
+def test_persistent_tier_restores_both_groups_after_a_restart(
+    gemma: dict[str, Any], tmp_path: Path
+) -> None:
+    store = tmp_path / "kv"
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+    first = _prompt(16, 60)
+    tail = _prompt(17, 10)
+    with _llm(gemma, kv_store=str(store)) as llm:
+        answer = list(_run(llm, [first], params)[0].token_ids)
+    second = first + answer + tail
+    # each layer group's records under its own namespace
+    assert len([p for p in (store / "kv").iterdir() if p.is_dir()]) == 2
+    with _llm(gemma) as llm:  # the same turns with an in-memory prefix hit
+        _run(llm, [first], params)
+        warm = llm.generate([second], params)[0]
+    with _llm(gemma, enable_prefix_caching=False) as cold:
+        want = _run(cold, [second], params)[0]
+    with _llm(gemma, kv_store=str(store)) as llm:  # a new engine: an empty pool
+        out = llm.generate([second], params)[0]
+        restored = llm.engine.cache_manager.tier_restored_tokens
+        namespace = llm.engine.namespace
+    # the KV the first request wrote: its prompt and answer but the answer's last token
+    hit = (len(first) + NEW - 1) // PS * PS
+    assert out.num_cached_tokens == warm.num_cached_tokens == restored == hit
+    assert out.outputs[0].token_ids == want.token_ids  # the cold run's text
+    # the restored pages of both groups hold the very bits the first engine computed
+    assert out.outputs[0].logprobs == warm.outputs[0].logprobs
+    # without the sliding layers' records the full layers' alone are no hit
+    shutil.rmtree(store / "kv" / group_namespace(namespace, 1, WINDOW).hex())
+    with _llm(gemma, kv_store=str(store)) as llm:
+        out = llm.generate([second], params)[0]
+        assert out.num_cached_tokens == 0
+        llm.engine.cache_manager.check_integrity()
+    assert out.outputs[0].token_ids == want.token_ids

@@ -14,21 +14,25 @@ taken back from the groups that made it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.cache.hybrid_hits import cached_pages, chain_hit, take_windowed, windowed_hit
+from pagedattn.cache.hybrid_tier import extend_from_tiers
 from pagedattn.cache.layer_groups import LayerGroup, effective_window
 from pagedattn.cache.manager import CacheManager
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
+from pagedattn.cache.tier_pages import PageTier
 
 
 def group_namespace(namespace: bytes, group: int, window: int | None) -> bytes:
-    """The prefix-hash namespace of a group's pages: one group's page is never read as
-    another's."""
-    return namespace + f"|kv-group:{group}:window:{window or 0}".encode()
+    """The 16-byte namespace of a group's pages (prefix hashes and persistent-tier records):
+    one group's page is never read as another's, nor as a page of every layer."""
+    suffix = f"|kv-group:{group}:window:{window or 0}".encode()
+    return hashlib.blake2b(namespace + suffix, digest_size=16).digest()
 
 
 class HybridCacheManager(CacheManager):
@@ -41,6 +45,8 @@ class HybridCacheManager(CacheManager):
         page_size, namespace, enable_prefix_caching: as :class:`CacheManager`.
         sliding_window, num_sink_tokens: the engine's own window and sinks (StreamingLLM);
             each group trims with the smaller of it and its layers' window, and keeps the sinks.
+        tiers: None, or the persistent tier of each group (its own records): a miss restores
+            from them (:mod:`pagedattn.cache.hybrid_tier`), computed pages are written to them.
 
     Raises:
         ValueError: fewer than two groups, a page count per group that does not match, or
@@ -57,7 +63,10 @@ class HybridCacheManager(CacheManager):
         sliding_window: int | None = None,
         num_sink_tokens: int = 0,
         enable_prefix_caching: bool = True,
+        tiers: Sequence[PageTier] | None = None,
     ) -> None:
+        if tiers is not None and len(tiers) != len(groups):
+            raise ValueError(f"HybridCacheManager: {len(tiers)} tiers for {len(groups)} groups")
         if len(groups) < 2 or len(num_pages) != len(groups):
             raise ValueError(
                 f"HybridCacheManager: expected >= 2 groups and a page count each, got "
@@ -65,8 +74,10 @@ class HybridCacheManager(CacheManager):
             )
         windows = [effective_window(sliding_window, g.window) for g in groups]
         super().__init__(
-            num_pages[0], page_size, namespace, sliding_window=windows[0],
+            num_pages[0], page_size, group_namespace(namespace, 0, windows[0]),
+            sliding_window=windows[0],
             num_sink_tokens=num_sink_tokens, enable_prefix_caching=enable_prefix_caching,
+            tier=None if tiers is None else tiers[0],
         )  # fmt: skip
         self.groups = tuple(groups)
         self.windows = tuple(windows)
@@ -78,9 +89,12 @@ class HybridCacheManager(CacheManager):
                 sliding_window=windows[g],
                 num_sink_tokens=num_sink_tokens,
                 enable_prefix_caching=enable_prefix_caching,
+                tier=None if tiers is None else tiers[g],
             )
             for g in range(1, len(groups))
         ]
+        for m in others:
+            m.tier_errors = self.tier_errors  # one count for the engine
         self.group_managers: tuple[CacheManager, ...] = (self, *others)
         self.bases = tuple(int(b) for b in np.cumsum([0, *num_pages[:-1]]))
         self.group_num_pages = tuple(int(n) for n in num_pages)
@@ -143,7 +157,7 @@ class HybridCacheManager(CacheManager):
         if self.enable_prefix_caching and len(tokens):
             hit_tokens = tokens[: (len(tokens) - 1) // ps * ps]
             hashes = [prefix_page_hashes(hit_tokens, ps, m.namespace) for m in self.group_managers]
-            h = chain_hit(tokens, hashes[0], self.allocator, ps)
+            chain = h = chain_hit(tokens, hashes[0], self.allocator, ps)
             present = [
                 cached_pages(tokens, hashes[g][:h], m.allocator, ps)
                 for g, m in enumerate(self.group_managers)
@@ -151,7 +165,17 @@ class HybridCacheManager(CacheManager):
             for g, m in enumerate(self.group_managers):
                 if g:
                     h = windowed_hit(present[g], h, m.sliding_window, m.num_sink_pages, ps)
-            seqs[0].take_cached_prefix(tokens, hashes[0][:h], self.allocator, ps)
+            owned: list[tuple[CacheManager, int]] = []
+            if self.tier is None or chain == len(hashes[0]):
+                seqs[0].take_cached_prefix(tokens, hashes[0][:h], self.allocator, ps)
+            else:  # the tier continues group 0's in-memory chain
+                seqs[0].take_cached_prefix(tokens, hashes[0][:chain], self.allocator, ps)
+                top, extra, owned = extend_from_tiers(
+                    self.group_managers, seqs[0], tokens, hashes, h, self.tier_errors
+                )
+                if top > h:
+                    self.tier_restored_tokens += (top - chain) * ps
+                    h, present = top, [present[0], *extra]
             seqs[0].num_tokens = seqs[0].num_written_tokens = h * ps
             seqs[0].token_ids.extend(int(t) for t in tokens[: h * ps])
             for g, m in enumerate(self._others(), start=1):
@@ -159,6 +183,8 @@ class HybridCacheManager(CacheManager):
                     seqs[g], tokens, hashes[g], present[g], h, m.allocator, m.sliding_window,
                     m.num_sink_pages, ps,
                 )  # fmt: skip
+            for m, page_id in owned:  # the tables hold them now
+                m.allocator.release(page_id)
             self.prefix_query_tokens += len(tokens)
             self.prefix_hit_tokens += h * ps
         for seq, m in zip(seqs, self.group_managers, strict=True):
@@ -220,8 +246,9 @@ class HybridCacheManager(CacheManager):
         return sum(CacheManager.reset_prefix_cache(m) for m in self.group_managers)
 
     def pages_computed(self, seq_id: Hashable, start: int, end: int) -> int:
-        """No persistent tier with layer groups (nothing to write)."""
-        return 0
+        """Hand every group's newly computed full pages to its tier (see
+        :meth:`CacheManager.pages_computed`); returns the pages queued."""
+        return sum(CacheManager.pages_computed(m, seq_id, start, end) for m in self.group_managers)
 
     def evict_oldest_page(self, seq_id: Hashable) -> int:
         """Lossy eviction is not defined across layer groups.

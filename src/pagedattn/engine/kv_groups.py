@@ -5,14 +5,19 @@ shared between the groups."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedattn.cache import CacheManager, PagePool
-from pagedattn.cache.hybrid_manager import HybridCacheManager
+from pagedattn.cache.group_pool import GroupPages
+from pagedattn.cache.hybrid_manager import HybridCacheManager, group_namespace
 from pagedattn.cache.layer_groups import LayerGroup, effective_window, group_of_layers, layer_groups
 from pagedattn.cache.tier_pages import PageTier
 from pagedattn.config import EngineConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from pagedattn.storage import KVTier
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,11 @@ def hybrid_groups(
         return None
     if config.backend != "numpy":
         return None  # its pool is allocated whole: a group's unused rows would cost memory
-    if config.kv_store is not None or has_store:
+    if has_store:
         raise ValueError(
-            "--kv-store: the persistent tier stores pages of every layer; pass "
-            "--disable-hybrid-kv-cache-manager with it"
+            "kv_store: a store handed to the engine holds pages of every layer; pass a "
+            "--kv-store path or URL (opened per layer group), or "
+            "--disable-hybrid-kv-cache-manager"
         )
     return groups
 
@@ -96,9 +102,11 @@ def group_page_counts(
 def kv_layout(
     config: EngineConfig, mc: ModelConfig, groups: tuple[LayerGroup, ...] | None,
     num_pages: int, namespace: bytes, tier: PageTier | None,
+    group_tiers: Sequence[PageTier] | None = None,
 ) -> KVLayout:  # fmt: skip
     """The engine's cache manager over a budget of ``num_pages`` pages of every layer, per
-    layer group when ``groups`` (:func:`hybrid_groups`) is not None (then without a tier)."""
+    layer group when ``groups`` (:func:`hybrid_groups`) is not None (then with
+    ``group_tiers``, one per group, instead of ``tier``)."""
     cc = config.cache
     if groups is None:
         manager = CacheManager(
@@ -112,6 +120,7 @@ def kv_layout(
     hybrid = HybridCacheManager(
         groups, counts, cc.page_size, namespace, sliding_window=cc.sliding_window,
         num_sink_tokens=cc.num_sink_tokens, enable_prefix_caching=cc.enable_prefix_caching,
+        tiers=group_tiers,
     )  # fmt: skip
     return KVLayout(hybrid, sum(counts), group_of_layers(groups, mc.num_layers), groups)
 
@@ -138,3 +147,42 @@ def group_usage(layout: KVLayout, pool: PagePool) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def open_group_tiers(
+    config: EngineConfig,
+    namespace: bytes,
+    pool: PagePool,
+    groups: tuple[LayerGroup, ...],
+    counts: Sequence[int],
+) -> list[KVTier] | None:
+    """One persistent tier per layer group over ``config.kv_store`` (None when unset): each
+    group's records hold its own layers under its own namespace
+    (:func:`pagedattn.cache.hybrid_manager.group_namespace`).
+
+    Raises:
+        ValueError: a store without prefix caching, or one that cannot be opened.
+    """
+    if config.kv_store is None:
+        return None
+    cc = config.cache
+    if not cc.enable_prefix_caching:
+        raise ValueError("kv_store: needs prefix caching (pages are named by prefix hash)")
+    from pagedattn.storage import KVTier, open_store
+
+    tiers: list[KVTier] = []
+    base = 0
+    try:
+        for g, (group, n) in enumerate(zip(groups, counts, strict=True)):
+            view = GroupPages(pool, group.layers, base, n)
+            ns = group_namespace(namespace, g, effective_window(cc.sliding_window, group.window))
+            store = open_store(
+                config.kv_store, ns, view.page_shape, pool.dtype, key=config.kv_store_key
+            )
+            tiers.append(KVTier(store, view, lookup_deadline_s=config.kv_store_deadline_s))
+            base += n
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise
+    return tiers

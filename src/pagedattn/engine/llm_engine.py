@@ -21,7 +21,13 @@ from pagedattn.cache.pool_snapshot import pool_snapshot
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_stats import engine_stats
-from pagedattn.engine.kv_groups import group_page_counts, group_usage, hybrid_groups, kv_layout
+from pagedattn.engine.kv_groups import (
+    group_page_counts,
+    group_usage,
+    hybrid_groups,
+    kv_layout,
+    open_group_tiers,
+)
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -91,16 +97,25 @@ class LLMEngine:
         num_pages = cc.resolve_num_pages(mc)
         self.backend = engine_setup.check_model(config, model)
         groups = hybrid_groups(config, mc, has_store=kv_store is not None)
-        pool_pages = (
-            num_pages if groups is None else sum(group_page_counts(num_pages, groups, config))
-        )
+        counts = None if groups is None else group_page_counts(num_pages, groups, config)
+        pool_pages = num_pages if counts is None else sum(counts)
         self.page_pool = PagePool(
             mc.num_layers, pool_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
             dtype=np.dtype(cc.kv_cache_dtype), backend=self.backend,
         )  # fmt: skip
         self.namespace = engine_setup.engine_namespace(config, mc, self.model_fingerprint)
-        self.kv_tier = engine_setup.open_tier(kv_store, config, self.namespace, self.page_pool)
-        self.kv_layout = kv_layout(config, mc, groups, num_pages, self.namespace, self.kv_tier)
+        #: with layer groups, one persistent tier per group (``kv_tier`` is group 0's)
+        self.group_tiers = None
+        if groups is None or counts is None:
+            self.kv_tier = engine_setup.open_tier(kv_store, config, self.namespace, self.page_pool)
+        else:
+            self.group_tiers = open_group_tiers(
+                config, self.namespace, self.page_pool, groups, counts
+            )
+            self.kv_tier = self.group_tiers[0] if self.group_tiers else None
+        self.kv_layout = kv_layout(
+            config, mc, groups, num_pages, self.namespace, self.kv_tier, self.group_tiers
+        )
         self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
         self.scheduler = Scheduler(
@@ -127,8 +142,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
-        if self.kv_tier is not None:
-            self.kv_tier.close()
+        for tier in self.group_tiers or ([] if self.kv_tier is None else [self.kv_tier]):
+            tier.close()
 
     @classmethod
     def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
@@ -240,8 +255,8 @@ class LLMEngine:
 
     def _schedule(self) -> StepPlan:
         """This step's batch; the tier's lookups made while scheduling share one deadline."""
-        if self.kv_tier is not None:
-            self.kv_tier.begin_step()
+        for tier in self.group_tiers or ([] if self.kv_tier is None else [self.kv_tier]):
+            tier.begin_step()
         return self.scheduler.schedule()
 
     def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:

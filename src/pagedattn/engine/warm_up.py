@@ -65,12 +65,16 @@ def warm_up(engine: LLMEngine, *, compile_in_parallel: bool = False) -> float:
         raise ValueError("warm_up: expected an idle engine, it has unfinished requests")
     start = time.perf_counter()
     helper = compile_helper.start(engine) if compile_in_parallel else None
-    cache = engine.cache_manager
-    tier, cache.tier = cache.tier, None  # throwaway pages never reach the persistent tier
+    # throwaway pages never reach the persistent tier (nor any layer group's)
+    managers = getattr(engine.cache_manager, "group_managers", (engine.cache_manager,))
+    tiers = [m.tier for m in managers]
+    for m in managers:
+        m.tier = None
     try:
         _run_requests(engine)
     finally:
-        cache.tier = tier
+        for m, tier in zip(managers, tiers, strict=True):
+            m.tier = tier
         if helper is not None:
             compile_helper.stop(helper)
     engine.reset_prefix_cache()  # nor the prefix cache

@@ -27,6 +27,7 @@ from pagedattn.cache.hashing import PageKey
 from pagedattn.storage.base import KVStore, StoredPage
 
 if TYPE_CHECKING:
+    from pagedattn.cache.group_pool import GroupPages
     from pagedattn.cache.page_pool import PagePool
 
 #: Pages one store read asks for (one Redis round trip of at most ``batch_pages`` commands).
@@ -46,7 +47,7 @@ class _Lookup:
 class KVTier:
     """Args:
     store: the backend.
-    pool: the page pool.
+    pool: the page pool, or one layer group's pages of it (a hybrid KV cache).
     max_pending: write batches the background queue holds before dropping.
     lookup_deadline_s: the most seconds the engine thread waits on lookups per step (> 0).
 
@@ -57,7 +58,7 @@ class KVTier:
     def __init__(
         self,
         store: KVStore,
-        pool: PagePool,
+        pool: PagePool | GroupPages,
         *,
         max_pending: int = 64,
         lookup_deadline_s: float = 0.5,
