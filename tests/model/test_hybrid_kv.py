@@ -283,3 +283,14 @@ def test_persistent_tier_restores_both_groups_after_a_restart(
         assert out.num_cached_tokens == 0
         llm.engine.cache_manager.check_integrity()
     assert out.outputs[0].token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_half_and_int8_pages_equal_the_every_layer_cache(gemma: dict[str, Any], dtype: str) -> None:
+    prompts = [_prompt(18, 43), _prompt(19, 25)]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+    runs = {}
+    for disable in (False, True):
+        with _llm(gemma, kv_cache_dtype=dtype, disable_hybrid_kv_cache_manager=disable) as llm:
+            runs[disable] = [(o.token_ids, o.logprobs) for o in _run(llm, prompts, params)]
+    assert runs[False] == runs[True]
