@@ -4,6 +4,7 @@ chat templates and refuses what the replicas could not hold."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -115,3 +116,47 @@ def test_the_ingress_loads_no_model_and_imports_no_model_code(
     assert got["models"] == 512
     loaded = [m for m in got["modules"] if any(m == c or m.startswith(f"{c}.") for c in MODEL_CODE)]
     assert loaded == []
+
+
+def test_abort_cancels_the_replica_call_and_ends_the_stream() -> None:
+    from pagedattn.cluster.client import RemoteEngine
+    from pagedattn.sampling_params import SamplingParams
+
+    class Responses:
+        """A replica call that never answers until cancelled."""
+
+        def __init__(self) -> None:
+            self.cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+        async def __anext__(self) -> dict[str, str]:
+            raise AssertionError("an aborted stream must not wait on its replica")
+
+    class Handle:
+        def __init__(self) -> None:
+            self.calls: list[Responses] = []
+
+        def options(self, **options: object) -> Handle:
+            return self
+
+        def remote(self, wire: dict[str, object]) -> Responses:
+            self.calls.append(Responses())
+            return self.calls[-1]
+
+    handle = Handle()
+    client = RemoteEngine(handle, metrics=None)
+    client.start()
+    streams = [client.generate([1, 2, 3], SamplingParams(max_tokens=4), f"r{i}") for i in (0, 1)]
+    client.abort("r0")
+    client.abort("r0")  # already ended: nothing more
+    client.abort("unknown")
+    assert [c.cancelled for c in handle.calls] == [True, False]
+
+    async def drain(stream: object) -> list[object]:
+        return [out async for out in stream]  # type: ignore[attr-defined]
+
+    assert asyncio.run(drain(streams[0])) == []
+    asyncio.run(streams[1].aclose())  # type: ignore[attr-defined]
+    assert handle.calls[1].cancelled
