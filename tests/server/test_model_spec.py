@@ -193,6 +193,9 @@ def _broken(wire: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str
         (("scheduler", "max_num_seqs"), 0, "scheduler"),
         (("tokenizer", "backend_json"), "{not json", "tokenizer.backend_json"),
         (("tokenizer", "stop_token_ids"), ["2"], "tokenizer.stop_token_ids"),
+        (("tokenizer", "stop_token_ids"), [272], "tokenizer.stop_token_ids"),
+        (("tokenizer", "eos_token_id"), -1, "tokenizer.eos_token_id"),
+        (("tokenizer", "special_tokens"), {"bos_token": 1}, "tokenizer.special_tokens"),
         (("tokenizer", "chat_template"), "{% if %}", "tokenizer"),
     ],
 )

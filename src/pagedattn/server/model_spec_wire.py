@@ -136,6 +136,13 @@ def _tokenizer(wire: TokenizerWire) -> Any:
         backend = BackendTokenizer.from_str(wire.backend_json)
     except Exception as exc:  # the tokenizers library raises its own Exception type
         raise ValueError(f"model spec: tokenizer.backend_json: {exc}") from None
+    size = int(backend.get_vocab_size(with_added_tokens=True))
+    ids = [*wire.stop_token_ids, *([] if wire.eos_token_id is None else [wire.eos_token_id])]
+    bad = [t for t in ids if not 0 <= t < size]
+    if bad:
+        raise ValueError(
+            f"model spec: tokenizer.stop_token_ids: expected ids in [0, {size}), got {bad[:5]}"
+        )
     try:
         return Tokenizer(
             backend,
