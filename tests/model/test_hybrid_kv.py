@@ -170,6 +170,8 @@ def _page_layer_bytes() -> int:
 def test_stats_and_metrics_report_each_group(gemma: dict[str, Any]) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from pagedattn.server.kv_history import CounterHistory
+    from pagedattn.server.kv_state import build_state
     from pagedattn.server.metrics import EngineStatsCollector
 
     with _llm(gemma) as llm:
@@ -187,6 +189,20 @@ def test_stats_and_metrics_report_each_group(gemma: dict[str, Any]) -> None:
         assert groups["full"]["resident_bytes"] == 9 * _page_layer_bytes()
         assert groups[f"sliding_{WINDOW}"]["resident_pages"] == 3
         assert groups[f"sliding_{WINDOW}"]["resident_bytes"] == 3 * 5 * _page_layer_bytes()
+        state = build_state(
+            engine.kv_snapshot(), 0.0, "gemma", CounterHistory(engine.get_stats),
+            max_cells=4096, max_requests=8, max_pages_per_request=64,
+        )  # fmt: skip
+        assert [(g.id, g.first_layer, g.num_layers, g.counts.used) for g in state.groups] == [
+            (0, 5, 1, 9),
+            (1, 0, 5, 3),
+        ]
+        assert [g.bytes_per_page for g in state.groups] == [
+            _page_layer_bytes(),
+            5 * _page_layer_bytes(),
+        ]
+        (request,) = state.requests
+        assert [t.states for t in request.tables] == ["u" * 9, "-" * 6 + "u" * 3]
         registry = CollectorRegistry()
         registry.register(EngineStatsCollector(engine.get_stats, "gemma"))
         text = generate_latest(registry).decode()

@@ -302,15 +302,31 @@ class LLMEngine:
         :class:`pagedattn.cache.pool_snapshot.PoolSnapshot` of the first ``max_sequences``
         running sequences, ``max_table`` entries each), ``sequences`` (their ``(request_id,
         seq_id, num_cached_tokens)``), ``num_running``, the pool's ``kv_dtype``,
-        ``num_layers`` and ``bytes_per_page``, and ``stats`` (:meth:`get_stats` now)."""
+        ``num_layers`` and ``bytes_per_page``, and ``stats`` (:meth:`get_stats` now); ``groups``:
+        per layer group (one without a hybrid KV cache) its ``pool`` snapshot (its own page
+        ids), ``first_layer``, ``num_layers`` and ``bytes_per_page``; the top-level ``pool``,
+        ``num_layers`` and ``bytes_per_page`` are group 0's."""
         shown = self.scheduler.running[:max_sequences]
+        ids = [s.seq_id for s in shown]
         pool = self.page_pool
+        page_layer_bytes = pool.nbytes // (pool.num_pages * pool.num_layers)
+        managers = getattr(self.cache_manager, "group_managers", (self.cache_manager,))
+        groups = [
+            {
+                "pool": pool_snapshot(m, ids, max_table),
+                "first_layer": group.layers[0],
+                "num_layers": len(group.layers),
+                "bytes_per_page": page_layer_bytes * len(group.layers),
+            }
+            for m, group in zip(managers, self.kv_layout.groups, strict=True)
+        ]
         return {
-            "pool": pool_snapshot(self.cache_manager, [s.seq_id for s in shown], max_table),
+            "pool": groups[0]["pool"],
+            "groups": groups,
             "sequences": [(s.request_id, s.seq_id, s.num_cached_tokens) for s in shown],
             "num_running": len(self.scheduler.running),
             "kv_dtype": str(pool.dtype),
-            "num_layers": pool.num_layers,
-            "bytes_per_page": pool.nbytes // pool.num_pages,
+            "num_layers": groups[0]["num_layers"],
+            "bytes_per_page": groups[0]["bytes_per_page"],
             "stats": self.get_stats(),
         }

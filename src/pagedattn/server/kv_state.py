@@ -20,7 +20,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 from fastapi import FastAPI, Query
 from fastapi.params import Depends
 
-from pagedattn.cache.pool_snapshot import PAGE_STATES, PoolSnapshot
+from pagedattn.cache.pool_snapshot import PAGE_STATES, PoolSnapshot, TableSnapshot
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError
 from pagedattn.server.kv_cells import page_cells
@@ -109,33 +109,44 @@ def build_state(
     max_requests: int,
     max_pages_per_request: int,
 ) -> KVState:
-    """The response for one engine snapshot (``LLMEngine.kv_snapshot()``) under the limits."""
-    pool: PoolSnapshot = snap["pool"]
-    states = pool.page_states
-    counts = {name: states.count(code) for code, name in enumerate(PAGE_STATES)}
-    pages_per_cell, num_cells, cells = page_cells(states, max_cells)
-    group = KVGroup(
-        id=0,
-        first_layer=0,
-        num_layers=snap["num_layers"],
-        kv_dtype=snap["kv_dtype"],
-        page_size=pool.page_size,
-        bytes_per_page=snap["bytes_per_page"],
-        num_pages=pool.num_pages,
-        counts=KVPageCounts(**counts),
-        num_registered=pool.num_registered,
-        pages_per_cell=pages_per_cell,
-        num_cells=num_cells,
-        cells=cells,
-    )
-    tables = {t.seq_id: t for t in pool.tables}
+    """The response for one engine snapshot (``LLMEngine.kv_snapshot()``) under the limits:
+    one group per layer group of the snapshot, each request's table in every group."""
+    snap_groups = snap.get("groups") or [
+        {
+            "pool": snap["pool"],
+            "first_layer": 0,
+            "num_layers": snap["num_layers"],
+            "bytes_per_page": snap["bytes_per_page"],
+        }
+    ]
+    groups = []
+    for g, sg in enumerate(snap_groups):
+        pool: PoolSnapshot = sg["pool"]
+        states = pool.page_states
+        counts = {name: states.count(code) for code, name in enumerate(PAGE_STATES)}
+        pages_per_cell, num_cells, cells = page_cells(states, max_cells)
+        groups.append(
+            KVGroup(
+                id=g,
+                first_layer=sg["first_layer"],
+                num_layers=sg["num_layers"],
+                kv_dtype=snap["kv_dtype"],
+                page_size=pool.page_size,
+                bytes_per_page=sg["bytes_per_page"],
+                num_pages=pool.num_pages,
+                counts=KVPageCounts(**counts),
+                num_registered=pool.num_registered,
+                pages_per_cell=pages_per_cell,
+                num_cells=num_cells,
+                cells=cells,
+            )
+        )
+    tables = [{t.seq_id: t for t in sg["pool"].tables} for sg in snap_groups]
     rows = []
     for request_id, seq_id, num_cached in snap["sequences"][:max_requests]:
-        table = tables.get(seq_id)
+        table = tables[0].get(seq_id)
         if table is None:
             continue
-        pages = list(table.pages[:max_pages_per_request])
-        letters = "".join("-" if p < 0 else _LETTERS[states[p]] for p in pages)
         rows.append(
             KVRequest(
                 request_id=request_id,
@@ -144,25 +155,34 @@ def build_state(
                 num_computed_tokens=table.num_written_tokens,
                 num_cached_tokens=num_cached,
                 tables=[
-                    KVTable(
-                        group=0,
-                        num_pages=table.num_pages,
-                        pages=pages,
-                        states=letters,
-                        truncated=table.num_pages - len(pages),
-                    )
+                    _table(g, by_seq[seq_id], sg["pool"].page_states, max_pages_per_request)
+                    for g, (by_seq, sg) in enumerate(zip(tables, snap_groups, strict=True))
+                    if seq_id in by_seq
                 ],
             )
         )
     return KVState(
         created=created,
         model=model,
-        groups=[group],
+        groups=groups,
         requests=rows,
         requests_truncated=snap["num_running"] - len(rows),
         counters=counters_of(snap["stats"]),
         history_interval_s=history.interval_s,
         history=history.points(),
+    )
+
+
+def _table(group: int, table: TableSnapshot, states: bytes, max_pages: int) -> KVTable:
+    """One request's table in one group, its first ``max_pages`` entries."""
+    pages = list(table.pages[:max_pages])
+    letters = "".join("-" if p < 0 else _LETTERS[states[p]] for p in pages)
+    return KVTable(
+        group=group,
+        num_pages=table.num_pages,
+        pages=pages,
+        states=letters,
+        truncated=table.num_pages - len(pages),
     )
 
 
