@@ -170,3 +170,68 @@ def test_fork_copies_each_groups_partial_page_in_global_ids() -> None:
     m.free_sequence("c")
     assert m.group_resident_pages() == (0, 0)
     m.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workload_keeps_every_groups_invariants(seed: int) -> None:
+    """Admissions with shared prefixes, chunks, forks, take-backs and frees on small pools
+    (so reservations fail and pages are reclaimed): every group stays consistent, a failed
+    reservation changes nothing, and every page comes back."""
+    rng = np.random.default_rng(seed)
+    m = hybrid(full=40, sliding=12)
+    base = rng.integers(0, 50, 64)
+    live: list[int] = []
+    next_id = hits = 0
+    for _ in range(300):
+        op = rng.integers(0, 5)
+        if op == 0 or not live:
+            prompt = np.concatenate([base[: rng.integers(0, 64)], rng.integers(0, 50, 6)])
+            hit = m.add_sequence(next_id, prompt)
+            hits += hit > 0
+            assert hit % PS == 0 and hit < len(prompt)
+            assert hit == sliding(m).num_tokens(next_id)
+            try:  # the scheduler's admission: the rest of the prompt, or wait
+                m.append_slots(next_id, prompt[hit:])
+            except OutOfPagesError:
+                m.free_sequence(next_id)
+            else:
+                m.commit_written(next_id)
+                live.append(next_id)
+            next_id += 1
+        elif op in (1, 2):
+            seq = live[rng.integers(len(live))]
+            n = int(rng.integers(1, 9))
+            before = [g.num_tokens(seq) for g in m.group_managers]
+            tables = [g.page_table(seq) for g in m.group_managers]
+            try:
+                m.append_slots(seq, rng.integers(0, 50, n))
+            except OutOfPagesError:
+                assert [g.num_tokens(seq) for g in m.group_managers] == before
+                # a failed reservation only trims what the window had left behind anyway
+                for g, old in zip(m.group_managers, tables, strict=True):
+                    new = g.page_table(seq)
+                    assert len(new) == len(old)
+                    assert all(a in (b, -1) for a, b in zip(new, old, strict=True))
+            else:
+                if rng.random() < 0.3:
+                    m.unreserve(seq, before[0])
+                else:
+                    m.commit_written(seq)
+        elif op == 3:
+            parent = live[rng.integers(len(live))]
+            try:
+                m.fork(parent, next_id)
+            except OutOfPagesError:
+                assert next_id not in m and next_id not in sliding(m)
+            else:
+                m.commit_written(next_id)
+                live.append(next_id)
+                next_id += 1
+        else:
+            m.free_sequence(live.pop(int(rng.integers(len(live)))))
+        m.check_integrity()
+    for seq in live:
+        m.free_sequence(seq)
+    assert m.group_resident_pages() == (0, 0)
+    m.check_integrity()
+    assert hits > 10  # the workload did share prefixes
