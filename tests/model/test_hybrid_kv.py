@@ -134,6 +134,15 @@ def test_forks_and_preemption_equal_the_every_layer_cache(gemma: dict[str, Any])
             runs[disable] = [[list(c.token_ids) for c in o.outputs] for o in outs]
             assert llm.engine.scheduler.stats.num_preemptions > 0
             llm.engine.cache_manager.check_integrity()
+            if not disable:  # a group's layers wrote only its own page ids (forks included)
+                cache, kv = llm.engine.cache_manager, llm.engine.page_pool.kv
+                assert isinstance(cache, HybridCacheManager)
+                for group, base, n in zip(
+                    llm.engine.kv_layout.groups, cache.bases, cache.group_num_pages, strict=True
+                ):
+                    rows = kv[np.asarray(group.layers)]
+                    assert rows[:, :, base : base + n].any()
+                    assert not rows[:, :, :base].any() and not rows[:, :, base + n :].any()
         if not disable:
             with _llm(gemma, num_pages=24) as llm:
                 solo = [

@@ -27,6 +27,7 @@ from pagedattn.engine.kv_groups import (
     hybrid_groups,
     kv_layout,
     open_group_tiers,
+    page_copier,
 )
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
@@ -124,7 +125,7 @@ class LLMEngine:
             self.cache_manager,
             eos,
             engine_setup.max_model_len(cc, sc, mc),
-            copy_pages=self.page_pool.copy_pages,
+            copy_pages=page_copier(self.kv_layout, self.page_pool),
         )
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
