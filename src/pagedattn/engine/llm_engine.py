@@ -14,21 +14,11 @@ import time
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from pagedattn.cache import PagePool
-from pagedattn.cache.pool_snapshot import pool_snapshot
 from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
+from pagedattn.engine.engine_kv import build_engine_kv, group_snapshots
 from pagedattn.engine.engine_stats import engine_stats
-from pagedattn.engine.kv_groups import (
-    group_page_counts,
-    group_usage,
-    hybrid_groups,
-    kv_layout,
-    open_group_tiers,
-    page_copier,
-)
+from pagedattn.engine.kv_groups import group_usage, page_copier
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -97,26 +87,12 @@ class LLMEngine:
         )
         num_pages = cc.resolve_num_pages(mc)
         self.backend = engine_setup.check_model(config, model)
-        groups = hybrid_groups(config, mc, has_store=kv_store is not None)
-        counts = None if groups is None else group_page_counts(num_pages, groups, config)
-        pool_pages = num_pages if counts is None else sum(counts)
-        self.page_pool = PagePool(
-            mc.num_layers, pool_pages, mc.num_kv_heads, cc.page_size, mc.head_dim,
-            dtype=np.dtype(cc.kv_cache_dtype), backend=self.backend,
-        )  # fmt: skip
         self.namespace = engine_setup.engine_namespace(config, mc, self.model_fingerprint)
-        #: with layer groups, one persistent tier per group (``kv_tier`` is group 0's)
-        self.group_tiers = None
-        if groups is None or counts is None:
-            self.kv_tier = engine_setup.open_tier(kv_store, config, self.namespace, self.page_pool)
-        else:
-            self.group_tiers = open_group_tiers(
-                config, self.namespace, self.page_pool, groups, counts
-            )
-            self.kv_tier = self.group_tiers[0] if self.group_tiers else None
-        self.kv_layout = kv_layout(
-            config, mc, groups, num_pages, self.namespace, self.kv_tier, self.group_tiers
-        )
+        kv = build_engine_kv(config, mc, num_pages, self.namespace, self.backend, kv_store)
+        self.page_pool, self.kv_layout, self.kv_tier = kv.pool, kv.layout, kv.tier
+        #: every persistent tier: one per layer group with a hybrid KV cache (``kv_tier`` is
+        #: group 0's)
+        self.kv_tiers = kv.tiers
         self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
         self.scheduler = Scheduler(
@@ -143,7 +119,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
-        for tier in self.group_tiers or ([] if self.kv_tier is None else [self.kv_tier]):
+        for tier in self.kv_tiers:
             tier.close()
 
     @classmethod
@@ -256,7 +232,7 @@ class LLMEngine:
 
     def _schedule(self) -> StepPlan:
         """This step's batch; the tier's lookups made while scheduling share one deadline."""
-        for tier in self.group_tiers or ([] if self.kv_tier is None else [self.kv_tier]):
+        for tier in self.kv_tiers:
             tier.begin_step()
         return self.scheduler.schedule()
 
@@ -308,19 +284,8 @@ class LLMEngine:
         ids), ``first_layer``, ``num_layers`` and ``bytes_per_page``; the top-level ``pool``,
         ``num_layers`` and ``bytes_per_page`` are group 0's."""
         shown = self.scheduler.running[:max_sequences]
-        ids = [s.seq_id for s in shown]
         pool = self.page_pool
-        page_layer_bytes = pool.nbytes // (pool.num_pages * pool.num_layers)
-        managers = getattr(self.cache_manager, "group_managers", (self.cache_manager,))
-        groups = [
-            {
-                "pool": pool_snapshot(m, ids, max_table),
-                "first_layer": group.layers[0],
-                "num_layers": len(group.layers),
-                "bytes_per_page": page_layer_bytes * len(group.layers),
-            }
-            for m, group in zip(managers, self.kv_layout.groups, strict=True)
-        ]
+        groups = group_snapshots(self.kv_layout, pool, [s.seq_id for s in shown], max_table)
         return {
             "pool": groups[0]["pool"],
             "groups": groups,
