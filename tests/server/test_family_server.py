@@ -102,3 +102,21 @@ def test_guided_choice_answers_one_of_the_choices(server: RunningServer) -> None
         extra_body={"guided_choice": choices},
     )  # fmt: skip
     assert completion.choices[0].text in choices
+
+
+def test_a_repeated_prompt_reports_its_full_pages_as_cached(server: RunningServer) -> None:
+    """The second of two identical greedy chats answers the same, with ``cached_tokens`` the
+    prompt's full pages of 4 tokens but the last prompt token (always computed)."""
+    client = openai_client(server.url)
+    messages = [{"role": "user", "content": "tell me about the mountains near lyon, briefly"}]
+    replies = [
+        client.chat.completions.create(
+            model=_model(server), messages=messages, max_tokens=8, temperature=0.0
+        )
+        for _ in range(2)
+    ]
+    usage = replies[1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    page = TINY_OPTIONS["page_size"]
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // page * page
+    assert replies[1].choices[0].message.content == replies[0].choices[0].message.content
