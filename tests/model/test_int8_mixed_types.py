@@ -128,3 +128,31 @@ def test_a_file_without_int8_types_gives_the_exact_path(
         assert int8.outputs[0].token_ids == exact.outputs[0].token_ids
         assert int8.outputs[0].text == exact.outputs[0].text
         assert int8.outputs[0].logprobs == exact.outputs[0].logprobs
+
+
+@pytest.mark.model
+def test_the_real_qwen_q4_k_m_file_keeps_the_fused_int8_step() -> None:
+    """Qwen2.5-Coder-0.5B Q4_K_M (when pulled): its attn_v is Q8_0 in half the layers beside
+    Q5_0 q / k, the rest Q5_0 and K-quants; int8 decode steps take the fused layer, bitwise
+    the general path's."""
+    from pagedattn.model.catalogue import resolve_model
+
+    try:
+        path = resolve_model("qwen2.5-coder-0.5b")
+    except (FileNotFoundError, ValueError):
+        pytest.skip("qwen2.5-coder-0.5b is not pulled")
+    loaded = load_model(path)
+    fused = DecoderModel.from_loaded(loaded, "int8")
+    plain = DecoderModel(loaded.config, loaded.weights, loaded.quantized, "int8",
+                         fused_decode=False)  # fmt: skip
+    flags = [layer.int8_flags() for layer in fused.layers]
+    assert {f[2] for f in flags} == {True, False}  # v: Q8_0 in some layers, Q5_0 in others
+    assert not any(f[0] or f[1] or f[3] for f in flags)  # q, k (Q5_0), o: exact
+    prompt = loaded.tokenizer.encode("def quicksort(items):")
+    outs = []
+    for model in (fused, plain):
+        state = PagedSequences(model, num_pages=8, page_size=16)
+        seq = state.new_sequence()
+        state.step({seq: prompt})
+        outs.append(np.stack([state.step({seq: [t]})[0] for t in prompt[:3]]))
+    np.testing.assert_array_equal(outs[0], outs[1])
