@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Annotated
 
 import typer
@@ -246,6 +247,11 @@ def serve(
 
     if header_timeout_s is None:
         header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
+    # The start-up heap (modules, model, tokenizer) lives as long as the server: kept out of
+    # the collector's full passes, which a large reply's allocations trigger and which hold
+    # the GIL (the event loop, the engine thread) while they walk every object.
+    gc.collect()
+    gc.freeze()
 
     uvicorn.run(
         server_app,
