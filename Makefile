@@ -61,7 +61,10 @@ PYTEST_WORKERS ?= 2
 # Compile the kernels once, before the workers start (Numba caches them on disk; --stats runs
 # the warm-up, which compiles every kernel a first request runs), so that no
 # test's first request waits on a compile and the two workers never compile the same kernel.
+# The cache-equality test's worker runs first: on a cold cache it is the process that compiles,
+# and its answers (compiled-kernels.json) are what the test compares a cache-loading run with.
 warm: $(VENV)/.setup-run
+	$(BIN)/python -m tests.engine.cached_kernels_worker $(VENV)/compiled-kernels.json
 	$(BIN)/pagedattn generate "Hi" --max-tokens 4 --stats > /dev/null
 
 # Lint runs on one core while the kernels compile on the other.

@@ -98,13 +98,24 @@ ServerFactory = Callable[..., Any]
 
 
 @pytest.fixture(scope="session")
+def long_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model (same weights) with an 8,192-token context: requests long enough that a
+    client's hang-up always reaches the engine before they could end."""
+    return write_tiny_folder(tmp_path_factory.mktemp("server") / "tiny-llama", context=8192)
+
+
+@pytest.fixture(scope="session")
 def make_server(tiny_model_dir: Path) -> Iterator[ServerFactory]:
-    """``with make_server(**options) as srv:`` a fresh tiny-model server (own engine, metrics)."""
+    """``with make_server(**options) as srv:`` a fresh tiny-model server (own engine, metrics);
+    ``model_dir=`` serves another folder."""
 
     @contextmanager
-    def factory(api_key: str | None = None, **options: Any) -> Iterator[RunningServer]:
-        app = build_app(str(tiny_model_dir), api_key=api_key, **{**TINY_OPTIONS, **options})
-        with serve_app(app, api_key, tiny_model_dir) as srv:
+    def factory(
+        api_key: str | None = None, model_dir: Path | None = None, **options: Any
+    ) -> Iterator[RunningServer]:
+        folder = model_dir or tiny_model_dir
+        app = build_app(str(folder), api_key=api_key, **{**TINY_OPTIONS, **options})
+        with serve_app(app, api_key, folder) as srv:
             yield srv
 
     yield factory

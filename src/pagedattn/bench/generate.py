@@ -21,7 +21,7 @@ def run_one(engine: Any, prompt_ids: Sequence[int], params: Any) -> RequestOutpu
     Raises:
         RuntimeError: the engine rejected the request (its error message).
     """
-    from pagedattn.engine.llm import merge_delta
+    from pagedattn.engine.outputs import merge_delta
 
     request_id = engine.add_request(list(prompt_ids), params)
     results: dict[str, RequestOutput] = {}

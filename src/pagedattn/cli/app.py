@@ -2,45 +2,70 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import typer
 from typer import core as typer_core
 
-app = typer.Typer(
+
+class _PlainArgument(typer_core.TyperArgument):
+    """An argument whose help row shows no type (its name says what it is)."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+
+def _plain_metavar(param: Any) -> None:
+    """Give an option without a metavar its plain one: "" for a flag, the upper-case type
+    name for a value (typer's ``<int>`` becomes ``INT``); an argument shows no type."""
+    if type(param) is typer_core.TyperArgument:
+        param.__class__ = _PlainArgument
+        return
+    if param.metavar is not None or not isinstance(param, typer_core.TyperOption):
+        return
+    if param.is_flag:
+        param.metavar = ""
+        return
+    shown = param.display_type_rich(cast(Any, None))  # no context: the type alone
+    if shown is not None and shown.startswith("<") and shown.endswith(">"):
+        param.metavar = shown[1:-1].upper()
+
+
+class PlainHelpCommand(typer_core.TyperCommand):
+    """A command whose help shows each option's metavar (``N``, ``PATH``...), else its type in
+    upper case (``INT``, ``STR``), and nothing for a flag, instead of typer's placeholders
+    (``<bool>``, ``<str>``, ``<int>``), and no type for an argument: each parameter of this
+    command is set up so once, when the command is built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            _plain_metavar(param)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _plain_metavar(option)
+        return option
+
+
+class PlainHelpTyper(typer.Typer):
+    """A typer application whose commands are :class:`PlainHelpCommand` unless told."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+        kwargs.setdefault("cls", PlainHelpCommand)
+        return super().command(*args, **kwargs)
+
+
+app = PlainHelpTyper(
     name="pagedattn",
     help="CPU-first paged-attention inference engine.",
     no_args_is_help=True,
     add_completion=False,
 )
-bench_app = typer.Typer(
+bench_app = PlainHelpTyper(
     help="Benchmarks, reported as ratios against a reference measured in the same run.",
     no_args_is_help=True,
 )
 app.add_typer(bench_app, name="bench")
-
-
-def _plain_placeholders() -> None:
-    """Help shows an option's metavar (``N``, ``PATH``...), else its type in click's style
-    (``INT``, ``PATH``), and nothing for a flag or a named argument, instead of typer's
-    placeholders (``<bool>``, ``<str>``, ``<int>``). Typer offers no per-app setting for this,
-    so its two display hooks are wrapped once, here."""
-    option_display = typer_core.TyperOption.display_type_rich
-    argument_display = typer_core.TyperArgument.display_type_rich
-
-    def option_type(self: Any, ctx: Any) -> str | None:
-        if self.metavar is None and self.is_flag:
-            return None
-        shown = option_display(self, ctx)
-        if shown is not None and shown.startswith("<") and shown.endswith(">"):
-            return shown[1:-1].upper()
-        return shown
-
-    def argument_type(self: Any, ctx: Any) -> str | None:
-        return None if self.metavar is not None else argument_display(self, ctx)
-
-    typer_core.TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
-    typer_core.TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign]
-
-
-_plain_placeholders()

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-from pagedattn.cli.app import app
+from pagedattn.cli.app import PlainHelpTyper, app
 from pagedattn.cli.errors import cli_errors
 from pagedattn.cli.options import ActivationsOption, ModelOption
 
-eval_app = typer.Typer(
+eval_app = PlainHelpTyper(
     help="The perplexity lab: what KV eviction and KV dtypes cost in model quality.",
     no_args_is_help=True,
 )

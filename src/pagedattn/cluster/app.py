@@ -143,8 +143,6 @@ def build_cluster_app(
     return ingress.bind(
         engine.bind(model, engine_options, names[0], health_stall_s),
         ENGINE_DEPLOYMENT,
-        model,
-        engine_options,
         names,
         api_key,
         default_max_tokens,

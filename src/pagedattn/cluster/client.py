@@ -1,12 +1,12 @@
 """RemoteEngine: the ingress's :class:`pagedattn.server.engine_client.EngineClient`, which runs
 each request on an engine replica through a ``DeploymentHandle``.
 
-The handlers validate against a local copy of the engine (tokenizer, chat template, model
-context, page pool size: the replicas' own configuration; it is never stepped) and call
-:meth:`RemoteEngine.generate`, which sends the wire request with ``.options(stream=True)`` and
-turns the replica's stream back into :class:`RequestOutput` s. The call starts at once, so the
-ingress learns the serving replica (:func:`replica_of`, the first item of the stream) before
-it sends the response headers.
+The handlers validate against the replicas' :class:`pagedattn.server.model_spec.ModelSpec`
+(tokenizer, chat template, model context, page pool size; a replica sends it, the ingress
+loads no model) and call :meth:`RemoteEngine.generate`, which sends the wire request with
+``.options(stream=True)`` and turns the replica's stream back into :class:`RequestOutput` s.
+The call starts at once, so the ingress learns the serving replica (:func:`replica_of`, the
+first item of the stream) before it sends the response headers.
 
 Failure: a replica that dies (or cannot be reached) mid-request ends the iteration with
 :class:`EngineDeadError` (a 503, or a final error event in a stream), never a silent end.
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedattn.cluster.wire import WireError, decode_output, encode_request
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server.engine_loop import EngineDeadError
@@ -43,11 +42,19 @@ CURRENT: contextvars.ContextVar[Routed | None] = contextvars.ContextVar(
 class RemoteStream:
     """One request's outputs from a replica (an async iterator; ``aclose`` cancels it)."""
 
-    def __init__(self, responses: Any, request_id: str) -> None:
+    def __init__(
+        self, responses: Any, request_id: str, live: dict[str, RemoteStream] | None = None
+    ) -> None:
         self._responses = responses  # ray.serve.handle.DeploymentResponseGenerator
         self.request_id = request_id
         self.replica: str | None = None
         self._done = False
+        self._live = {} if live is None else live  # the client's streams not yet ended
+        self._live[request_id] = self
+
+    def _end(self) -> None:
+        self._done = True
+        self._live.pop(self.request_id, None)
 
     def __aiter__(self) -> RemoteStream:
         return self
@@ -58,7 +65,7 @@ class RemoteStream:
         except StopAsyncIteration:
             raise
         except Exception as exc:  # the replica died, was unreachable, or raised
-            self._done = True
+            self._end()
             where = f"replica {self.replica}" if self.replica else "the engine replica"
             raise EngineDeadError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(item, dict):
@@ -81,13 +88,13 @@ class RemoteStream:
         try:
             item = await self._next_item()
         except StopAsyncIteration:
-            self._done = True
+            self._end()
             raise EngineDeadError(
                 f"replica {self.replica} ended the stream before the request finished"
             ) from None
         error = item.get("error")
         if error is not None:
-            self._done = True
+            self._end()
             status, message = int(error["status"]), str(error["message"])
             if status == 503:
                 raise EngineDeadError(message)
@@ -97,33 +104,36 @@ class RemoteStream:
         try:
             out = decode_output(item)
         except WireError as exc:
-            self._done = True
+            self._end()
             raise EngineDeadError(str(exc)) from exc
         if out.finished:
-            self._done = True
+            self._end()
         return out
 
-    async def aclose(self) -> None:
+    def cancel(self) -> None:
+        """Cancel the replica call (the replica aborts the request); the stream ends."""
         if not self._done:
-            self._done = True
+            self._end()
             self._responses.cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
 
 
 class RemoteEngine:
     """An engine client whose requests run on the engine deployment's replicas.
 
     Args:
-        engine: the local copy requests are validated against (never stepped).
         handle: the engine deployment's ``DeploymentHandle``.
         metrics: what ``/metrics`` renders (see :mod:`pagedattn.cluster.metrics`).
     """
 
-    def __init__(self, engine: LLMEngine, handle: Any, metrics: Any) -> None:
-        self.engine = engine
+    def __init__(self, handle: Any, metrics: Any) -> None:
         self.handle = handle.options(stream=True, method_name="generate")
         self.metrics = metrics
         self.death: str | None = None
         self._running = False
+        self._streams: dict[str, RemoteStream] = {}  # submitted, not yet ended
 
     @property
     def is_running(self) -> bool:
@@ -131,7 +141,8 @@ class RemoteEngine:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return self.engine.get_stats()
+        """Empty: the engines' counters reach ``/metrics`` through the replicas' reports."""
+        return {}
 
     def start(self, *, after_stop: bool = False) -> None:
         self._running = True
@@ -164,8 +175,15 @@ class RemoteEngine:
             wire = encode_request(prompt_token_ids, params, request_id, queued_s)
         except WireError as exc:
             raise APIError(400, str(exc)) from exc
-        stream = RemoteStream(self.handle.remote(wire), request_id)
+        stream = RemoteStream(self.handle.remote(wire), request_id, self._streams)
         routed = CURRENT.get()
         if routed is not None:
             routed.streams.append(stream)
         return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request's replica call (the replica aborts it and frees its pages); its
+        stream ends. No-op when unknown or ended."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.cancel()

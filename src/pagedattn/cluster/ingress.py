@@ -5,6 +5,11 @@ the same routes, request models, validation, errors, SSE and structured output),
 :class:`pagedattn.cluster.client.RemoteEngine` as its engine loop, so every request runs on an
 engine replica chosen by the engine deployment's request router. Each response that ran on a
 replica names it in the ``x-pagedattn-replica`` header.
+
+The ingress has no model: it validates requests against the
+:class:`pagedattn.server.model_spec.ModelSpec` an engine replica sends it when it starts
+(tokenizer, chat template, limits; plain data, :mod:`pagedattn.server.model_spec_wire`). It
+loads no weights and imports no model-forward or kernel code.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pagedattn.cluster.client import CURRENT, RemoteEngine, Routed
 from pagedattn.cluster.metrics import ClusterMetrics, router_sources
 from pagedattn.server.app import DEFAULT_MAX_REQUEST_BYTES
 from pagedattn.server.engine_loop import EngineDeadError
+from pagedattn.server.model_spec_wire import spec_from_wire
 
 REPLICA_HEADER = "x-pagedattn-replica"
 
@@ -61,42 +67,35 @@ class ClusterIngress:
     Args:
         engine_handle: the engine deployment's handle.
         engine_deployment: that deployment's name (its router's counters feed ``/metrics``).
-        model: the replicas' model (loaded here once for its tokenizer, chat template and
-            limits; never run).
-        engine_options: the replicas' engine options (``kv_store`` is not opened here).
         served_model_name: names clients may pass as ``model``.
         api_key, default_max_tokens, max_request_bytes, webui: see
             :func:`pagedattn.server.app.create_app`.
     """
 
-    def __init__(
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
         self,
         engine_handle: Any,
         engine_deployment: str,
-        model: str | None,
-        engine_options: dict[str, Any],
         served_model_name: list[str],
         api_key: str | None = None,
         default_max_tokens: int = 1024,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         webui: bool = True,
     ) -> None:
-        from pagedattn.engine.llm import engine_config
-        from pagedattn.engine.llm_engine import LLMEngine
-        from pagedattn.server.app import create_app
+        from pagedattn.server.app import create_client_app
 
-        local = {k: v for k, v in engine_options.items() if k != "kv_store"}
-        # the page pool is allocated lazily (zeros) and never touched: only its size is read
-        engine = LLMEngine.from_config(engine_config(model, **local))
+        # the replicas describe their model (EngineReplica.model_spec): no model is loaded
+        # here; this waits for the first replica to be ready
+        spec = spec_from_wire(await engine_handle.options(method_name="model_spec").remote())
         metrics = ClusterMetrics(router_sources(engine_deployment))
-        self.client = RemoteEngine(engine, engine_handle, metrics)
-        app = create_app(
-            engine,
+        self.client = RemoteEngine(engine_handle, metrics)
+        app = create_client_app(
+            self.client,
+            spec,
             model_name=served_model_name,
             api_key=api_key,
             default_max_tokens=default_max_tokens,
             max_request_bytes=max_request_bytes,
-            engine_client=self.client,
             webui=webui,
         )
         app.add_middleware(ReplicaHeader)

@@ -21,6 +21,8 @@ from typing import Any
 
 from pagedattn.server.engine_loop import AsyncEngine, EngineDeadError
 from pagedattn.server.metrics import ServerMetrics
+from pagedattn.server.model_spec import ModelSpec
+from pagedattn.server.model_spec_wire import spec_to_wire
 from pagedattn.server.structured import StructuredOutput
 
 logger = logging.getLogger("pagedattn.cluster")
@@ -70,9 +72,8 @@ class EngineReplica:
         self.metrics = ServerMetrics(lambda: self.loop.stats, model_name)
         self.loop = AsyncEngine(self.engine, self.metrics, stall_timeout_s=health_stall_s)
         self.loop.start()
-        self.structured = StructuredOutput(
-            self.engine.tokenizer, self.engine.model_config.vocab_size
-        )
+        self.spec = ModelSpec.of_engine(self.engine)
+        self.structured = StructuredOutput(self.spec.tokenizer, self.spec.logits_size)
         self.namespace_hex = self.engine.namespace.hex()
         logger.info("replica %s ready (namespace %s)", self.replica_id, self.namespace_hex[:16])
 
@@ -105,6 +106,11 @@ class EngineReplica:
             yield {"error": {"status": 500, "message": str(exc)}}
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
+
+    def model_spec(self) -> dict[str, Any]:
+        """The served model as the ingress validates requests against it (tokenizer, chat
+        template, limits), as plain data: :func:`pagedattn.server.model_spec_wire.spec_to_wire`."""
+        return spec_to_wire(self.spec)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What the request routers see of this replica (called by Ray Serve)."""

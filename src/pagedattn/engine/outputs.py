@@ -4,6 +4,7 @@ from ``LLM.generate``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 # Finish reasons. The two rejections end a request before any model work.
@@ -136,3 +137,34 @@ class RequestOutput:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+
+def merge_delta(results: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
+    """Fold one step's delta RequestOutput into ``results[delta.request_id]`` (created on the
+    request's first delta) and return the accumulated output: text, token ids and logprobs
+    joined per completion index, the latest finish state, metrics and error."""
+    acc = results.get(delta.request_id)
+    if acc is None:
+        acc = dataclasses.replace(delta, outputs=[], prompt_logprobs=delta.prompt_logprobs)
+        results[delta.request_id] = acc
+    by_index = {c.index: c for c in acc.outputs}
+    for c in delta.outputs:
+        whole = by_index.get(c.index)
+        if whole is None:
+            whole = CompletionOutput(index=c.index, logprobs=None if c.logprobs is None else [])
+            by_index[c.index] = whole
+        whole.text += c.text
+        whole.token_ids = [*whole.token_ids, *c.token_ids]
+        if c.logprobs is not None:
+            whole.logprobs = [*(whole.logprobs or []), *c.logprobs]
+        whole.cumulative_logprob = c.cumulative_logprob
+        whole.finish_reason = c.finish_reason
+        whole.stop_reason = c.stop_reason
+    acc.outputs = [by_index[i] for i in sorted(by_index)]
+    if delta.prompt_logprobs is not None:
+        acc.prompt_logprobs = delta.prompt_logprobs
+    acc.finished = delta.finished
+    acc.num_cached_tokens = delta.num_cached_tokens
+    acc.metrics = delta.metrics
+    acc.error = delta.error
+    return acc

@@ -1,8 +1,8 @@
 """The tanh-GELU gated linear unit (Gemma's MLP: ``gelu_tanh(gate) * up``), each row alone.
 
 ``gelu_tanh(g) = g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3)))`` (Hendrycks & Gimpel
-2016; PyTorch ``gelu(approximate="tanh")``), with the same float32 rational tanh as
-:func:`pagedattn.model.row_ops._silu_mul_range` and IEEE arithmetic without contraction, so
+2016; PyTorch ``gelu(approximate="tanh")``), with SiLU's float32 rational tanh
+(:func:`pagedattn.model.row_ops.half_tanh_plus_half`) and IEEE arithmetic without contraction, so
 the serial (fused decode) and parallel (general) kernels give the same bits.
 """
 
@@ -11,7 +11,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pagedattn.model.row_ops import _ELEMENTWISE, SERIAL_MAX_ROWS, SILU_CHUNK, TANH_CLAMP
+from pagedattn.model.row_ops import (
+    _ELEMENTWISE,
+    SERIAL_MAX_ROWS,
+    SILU_CHUNK,
+    half_tanh_plus_half,
+)
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 _CUBIC = np.float32(0.044715)
@@ -24,23 +29,7 @@ def _gelu_mul_range(
     for i in range(out.shape[0]):
         g = gate[i]
         a = _SQRT_2_OVER_PI * (g + _CUBIC * (g * g * g))
-        x = min(max(a, -TANH_CLAMP), TANH_CLAMP)
-        x2 = x * x
-        p = x2 * np.float32(-2.76076847742355e-16) + np.float32(2.00018790482477e-13)
-        p = x2 * p + np.float32(-8.60467152213735e-11)
-        p = x2 * p + np.float32(5.12229709037114e-08)
-        p = x2 * p + np.float32(1.48572235717979e-05)
-        p = x2 * p + np.float32(6.37261928875436e-04)
-        p = x2 * p + np.float32(4.89352455891786e-03)
-        q = x2 * np.float32(1.19825839466702e-06) + np.float32(1.18534705686654e-04)
-        q = x2 * q + np.float32(2.26843463243900e-03)
-        q = x2 * q + np.float32(4.89352518554385e-03)
-        tanh = (x * p) / q
-        if a >= TANH_CLAMP:
-            tanh = np.float32(1.0)
-        elif a <= -TANH_CLAMP:
-            tanh = np.float32(-1.0)
-        out[i] = g * (np.float32(0.5) * tanh + np.float32(0.5)) * up[i]
+        out[i] = g * half_tanh_plus_half(a) * up[i]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

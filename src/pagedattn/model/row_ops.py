@@ -78,34 +78,39 @@ TANH_CLAMP = np.float32(7.90531110763549805)  # |tanh(x)| rounds to 1 in float32
 _ELEMENTWISE = {"nnan", "ninf", "nsz"}
 
 
+@numba.njit(fastmath=_ELEMENTWISE, error_model="numpy", cache=True, nogil=True, inline="always")
+def half_tanh_plus_half(a: np.float32) -> np.float32:  # pragma: no cover - compiled
+    """``(1 + tanh(a)) / 2`` with tanh as Eigen's / XLA's float32 rational approximation (odd
+    degree-13 over even degree-6 polynomial on [-7.9, 7.9]; within 5 ulp of tanh), which
+    vectorizes where libm's tanh does not; inlined into its callers' loops."""
+    x = min(max(a, -TANH_CLAMP), TANH_CLAMP)
+    x2 = x * x
+    p = x2 * np.float32(-2.76076847742355e-16) + np.float32(2.00018790482477e-13)
+    p = x2 * p + np.float32(-8.60467152213735e-11)
+    p = x2 * p + np.float32(5.12229709037114e-08)
+    p = x2 * p + np.float32(1.48572235717979e-05)
+    p = x2 * p + np.float32(6.37261928875436e-04)
+    p = x2 * p + np.float32(4.89352455891786e-03)
+    q = x2 * np.float32(1.19825839466702e-06) + np.float32(1.18534705686654e-04)
+    q = x2 * q + np.float32(2.26843463243900e-03)
+    q = x2 * q + np.float32(4.89352518554385e-03)
+    tanh = (x * p) / q
+    if a >= TANH_CLAMP:  # the rational ends a few ulp short of +-1 at the clamp
+        tanh = np.float32(1.0)
+    elif a <= -TANH_CLAMP:
+        tanh = np.float32(-1.0)
+    return np.float32(0.5) * tanh + np.float32(0.5)
+
+
 @numba.njit(fastmath=_ELEMENTWISE, error_model="numpy", cache=True, nogil=True)
 def _silu_mul_range(
     gate: np.ndarray, up: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """out[i] = silu(gate[i]) * up[i], with ``sigmoid(g) = (1 + tanh(g / 2)) / 2`` (never
-    overflows) and tanh as Eigen's / XLA's float32 rational approximation (odd degree-13 over
-    even degree-6 polynomial on [-7.9, 7.9]; within 5 ulp of tanh), which vectorizes where
-    libm's tanh does not."""
+    overflows; :func:`half_tanh_plus_half`)."""
     for i in range(out.shape[0]):
         g = gate[i]
-        a = g * np.float32(0.5)
-        x = min(max(a, -TANH_CLAMP), TANH_CLAMP)
-        x2 = x * x
-        p = x2 * np.float32(-2.76076847742355e-16) + np.float32(2.00018790482477e-13)
-        p = x2 * p + np.float32(-8.60467152213735e-11)
-        p = x2 * p + np.float32(5.12229709037114e-08)
-        p = x2 * p + np.float32(1.48572235717979e-05)
-        p = x2 * p + np.float32(6.37261928875436e-04)
-        p = x2 * p + np.float32(4.89352455891786e-03)
-        q = x2 * np.float32(1.19825839466702e-06) + np.float32(1.18534705686654e-04)
-        q = x2 * q + np.float32(2.26843463243900e-03)
-        q = x2 * q + np.float32(4.89352518554385e-03)
-        tanh = (x * p) / q
-        if a >= TANH_CLAMP:  # the rational ends a few ulp short of +-1 at the clamp
-            tanh = np.float32(1.0)
-        elif a <= -TANH_CLAMP:
-            tanh = np.float32(-1.0)
-        out[i] = g * (np.float32(0.5) * tanh + np.float32(0.5)) * up[i]
+        out[i] = g * half_tanh_plus_half(g * np.float32(0.5)) * up[i]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

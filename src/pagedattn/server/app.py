@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.server.body_limit import BodyLimit
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import AsyncEngine
@@ -34,12 +33,16 @@ from pagedattn.server.errors import APIError, error_body, install_error_handlers
 from pagedattn.server.kv_history import CounterHistory
 from pagedattn.server.kv_state import add_kv_state_route
 from pagedattn.server.metrics import ServerMetrics
+from pagedattn.server.model_spec import ModelSpec
 from pagedattn.server.responses_api import ResponsesRequest
 from pagedattn.server.responses_stream import ResponsesServing
 from pagedattn.server.serving import OpenAIServing
 from pagedattn.server.tokenize import add_tokenizer_routes, package_version
 from pagedattn.server.vllm_routes import ServerLoad, add_vllm_routes
 from pagedattn.server.webui import add_webui
+
+if TYPE_CHECKING:
+    from pagedattn.engine.llm_engine import LLMEngine
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -56,31 +59,66 @@ def create_app(
     engine: LLMEngine,
     *,
     model_name: str | Sequence[str],
+    health_stall_s: float = 60.0,
+    **options: Any,
+) -> FastAPI:
+    """Build the app around ``engine``, run on a thread of this process (an
+    :class:`AsyncEngine`); the thread starts with the app (or at the first request when the
+    ASGI server runs no lifespan) and stops at shutdown; it is never restarted (a dead engine
+    makes ``/health`` and every request a 503).
+
+    Args:
+        engine: the engine to serve; from now on only the engine thread may touch it.
+        model_name: see :func:`create_client_app`.
+        health_stall_s: ``/health`` is a 503 when requests are pending and the engine made
+            no progress for this many seconds.
+        options: the other keywords of :func:`create_client_app`.
+    """
+    names = _names(model_name)
+    metrics = ServerMetrics(lambda: client.stats, names[0])
+    spec = ModelSpec.of_engine(engine)  # read before the engine thread owns the engine
+    client = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
+    return create_client_app(
+        client, spec, model_name=names, metrics=metrics, close=engine.close, **options
+    )
+
+
+def _names(model_name: str | Sequence[str]) -> list[str]:
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"model_name: expected one or more non-empty names, got {model_name!r}")
+    return names
+
+
+def create_client_app(
+    async_engine: EngineClient,
+    spec: ModelSpec,
+    *,
+    model_name: str | Sequence[str],
+    metrics: Any = None,
+    close: Callable[[], None] | None = None,
     api_key: str | None = None,
     default_max_tokens: int = 1024,
-    health_stall_s: float = 60.0,
-    engine_client: EngineClient | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_logprobs: int = 20,
     enable_server_load_tracking: bool = False,
     webui: bool = True,
     max_seqs_per_request: int | None = None,
 ) -> FastAPI:
-    """Build the app around ``engine``; its engine thread starts with the app (or at the first
-    request when the ASGI server runs no lifespan) and stops at shutdown; it is never
-    restarted (a dead engine makes ``/health`` and every request a 503).
+    """Build the app: requests are validated against ``spec`` and run through
+    ``async_engine``, which starts with the app and stops at shutdown.
 
     Args:
-        engine: the engine to serve; from now on only the engine thread may touch it.
+        async_engine: the engine client requests run through.
+        spec: the served model (tokenizer, chat template, vocabulary, limits).
         model_name: the name clients pass as ``model`` (and ``/v1/models`` lists), or several
             names for the one model (the first one labels the metrics).
+        metrics: what ``/metrics`` renders and rejections are counted in; None =
+            ``async_engine.metrics``.
+        close: runs once the client has stopped at shutdown (e.g. ``LLMEngine.close``).
         api_key: when set, the Bearer token every route but ``/health`` requires.
         default_max_tokens: cap on the chat default ``max_tokens`` (see
             :mod:`pagedattn.server.serving`).
-        health_stall_s: ``/health`` is a 503 when requests are pending and the engine made
-            no progress for this many seconds.
-        engine_client: the engine loop to run requests through (its ``metrics`` is what
-            ``/metrics`` renders); None = an :class:`AsyncEngine` on ``engine``'s own thread.
         max_request_bytes: the largest request body; a larger one is a 413, refused as soon
             as its ``Content-Length`` or the bytes read so far pass the limit (the body is
             read in the ASGI server's chunks and never held whole).
@@ -92,22 +130,23 @@ def create_app(
             or ``prompt`` past it); None = four times the engine's ``max_num_seqs``.
 
     Returns:
-        The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine loop and
-        the metrics registry.
+        The app; ``app.state.async_engine`` and ``app.state.metrics`` give the engine client
+        and the metrics registry, ``app.state.serving.spec`` the served model.
     """
-    names = [model_name] if isinstance(model_name, str) else list(model_name)
-    if not names or not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"model_name: expected one or more non-empty names, got {model_name!r}")
-    async_engine: EngineClient
-    if engine_client is None:
-        metrics = ServerMetrics(lambda: async_engine.stats, names[0])
-        async_engine = AsyncEngine(engine, metrics, stall_timeout_s=health_stall_s)
-    else:
-        async_engine, metrics = engine_client, engine_client.metrics
+    names = _names(model_name)
+    metrics = async_engine.metrics if metrics is None else metrics
+    if metrics is None:
+        raise ValueError("metrics: the engine client has none; pass the registry to render")
     if max_logprobs < -1:
         raise ValueError(f"max_logprobs: expected -1 or an int >= 0, got {max_logprobs}")
     serving = OpenAIServing(
-        async_engine, names[0], default_max_tokens, names[1:], max_logprobs, max_seqs_per_request
+        async_engine,
+        spec,
+        names[0],
+        default_max_tokens,
+        names[1:],
+        max_logprobs,
+        max_seqs_per_request,
     )
     load = ServerLoad(enable_server_load_tracking)
     history = CounterHistory(lambda: async_engine.stats)
@@ -122,8 +161,9 @@ def create_app(
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
-            # finish queued kv-store writes once the engine thread has stopped (not mid-step)
-            async_engine.stop(then=engine.close)
+            # e.g. finish queued kv-store writes once the engine thread has stopped (not
+            # mid-step)
+            async_engine.stop(then=close)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -238,6 +278,7 @@ def build_app(
     from pathlib import Path
 
     from pagedattn.engine.llm import engine_config
+    from pagedattn.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_config(engine_config(model, **engine_options))
     # compile or load every kernel a request runs before the server answers anything

@@ -26,8 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.llm import merge_delta
-from pagedattn.engine.outputs import RequestOutput
+from pagedattn.engine.outputs import RequestOutput, merge_delta
 from pagedattn.server.errors import APIError
 from pagedattn.server.prepared import Prepared
 from pagedattn.server.responses import completion_choice

@@ -1,9 +1,12 @@
-"""EngineClient: what the HTTP handlers need from the engine loop they serve through.
+"""EngineClient: what the HTTP handlers need from the engine they serve through.
 
 :class:`pagedattn.server.engine_loop.AsyncEngine` (the engine on a thread of this process) is
-one; a client that runs requests elsewhere (another process, another machine) is another. The
-handlers validate against ``engine`` (its tokenizer, chat template, model context and page pool
-size) and run every request through :meth:`EngineClient.generate`.
+one; :class:`pagedattn.cluster.client.RemoteEngine` (requests run on engine replicas) is
+another. The handlers never see an engine: they validate requests against the served model's
+:class:`pagedattn.server.model_spec.ModelSpec` (tokenizer, chat template, limits), run them
+through :meth:`EngineClient.generate` and read :attr:`EngineClient.stats` and
+:meth:`EngineClient.health`. A client that can snapshot its KV cache between two steps also
+has ``kv_snapshot`` (:class:`pagedattn.server.kv_state.KVSnapshots`).
 """
 
 from __future__ import annotations
@@ -11,23 +14,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
 
 
 class EngineClient(Protocol):
-    """The engine loop as the handlers see it.
+    """The engine as the handlers see it.
 
     Attributes:
-        engine: the engine requests are validated against (tokenizer, limits); a remote
-            client's local copy is never stepped.
         metrics: the registry rejections are counted in (``count_rejection``) and ``/metrics``
             renders (``render``), or None.
-        death: why the loop is not running, or None.
+        death: why the client cannot run requests any more, or None.
     """
 
-    engine: LLMEngine
     metrics: Any
     death: str | None
 
@@ -37,13 +36,13 @@ class EngineClient(Protocol):
 
     @property
     def stats(self) -> dict[str, Any]:
-        """The engine's latest ``get_stats()``."""
+        """The engine's latest ``get_stats()`` (empty when the engine runs elsewhere)."""
 
     def start(self, *, after_stop: bool = False) -> None:
-        """Start the loop (idempotent)."""
+        """Start serving (idempotent)."""
 
     def stop(self, timeout_s: float = 10.0, *, then: Callable[[], None] | None = None) -> None:
-        """Stop the loop, aborting what runs; ``then`` runs once nothing runs any more."""
+        """Stop serving, aborting what runs; ``then`` runs once nothing runs any more."""
 
     def health(self) -> str | None:
         """None when healthy, else why not."""
@@ -55,5 +54,9 @@ class EngineClient(Protocol):
         request_id: str,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Run one request; yields its outputs until the finished one. Leaving the iteration
-        early aborts it. Raises EngineDeadError when the engine cannot run it."""
+        """Submit one request; the stream yields its outputs until the finished one. Leaving
+        the iteration early aborts it. Raises EngineDeadError when the engine cannot run it."""
+
+    def abort(self, request_id: str) -> None:
+        """Abort a submitted request (no-op when unknown or finished): the engine stops it
+        and frees its pages."""

@@ -24,12 +24,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from pagedattn.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("pagedattn.server")
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.server.errors import APIError
+from pagedattn.server.model_spec import ModelSpec
 
 NORMALISER_SLACK = 4  # most code points Unicode composition merges into one
 
@@ -48,23 +48,23 @@ def copies_of(req: p.SamplingFields) -> int:
 
 
 class RequestLimits:
-    """The limits of one engine (see the module docstring).
+    """The limits of one served model (see the module docstring).
 
     Args:
-        engine: the served engine (its scheduler's context length, page pool and
-            ``max_num_seqs``, its tokenizer).
+        spec: the served model (its context length, page pool, ``max_num_seqs`` and
+            tokenizer).
         max_seqs_per_request: most sequences (prompts x ``n``) one request may ask for; None =
             four times ``max_num_seqs``.
     """
 
-    def __init__(self, engine: LLMEngine, max_seqs_per_request: int | None = None) -> None:
-        self.scheduler = engine.scheduler
-        self.max_num_seqs = int(engine.scheduler.config.max_num_seqs)
+    def __init__(self, spec: ModelSpec, max_seqs_per_request: int | None = None) -> None:
+        self.spec = spec
+        self.max_num_seqs = spec.max_num_seqs
         if max_seqs_per_request is not None and max_seqs_per_request < 1:
             raise ValueError(f"max_seqs_per_request: expected >= 1, got {max_seqs_per_request}")
         self.max_seqs_per_request = max_seqs_per_request or 4 * self.max_num_seqs
-        self.max_model_len: int | None = engine.scheduler.max_model_len
-        token_bytes = longest_token_bytes(engine.tokenizer)
+        self.max_model_len: int | None = spec.max_model_len
+        token_bytes = longest_token_bytes(spec.tokenizer)
         self.max_prompt_bytes: int | None = (
             None
             if token_bytes is None or self.max_model_len is None
@@ -112,8 +112,8 @@ class RequestLimits:
             )
 
     def _fits_pool(self, num_prompt: int, max_tokens: int, copies: int = 1) -> bool:
-        sched = self.scheduler
-        return sched.max_pages_per_seq(num_prompt, max_tokens, copies) <= sched.cache.num_pages
+        spec = self.spec
+        return spec.request_pages(num_prompt, max_tokens, copies) <= spec.num_pages
 
     def resolve_max_tokens(
         self, req: p.SamplingFields, num_prompt: int, default: int, least: int = 1
@@ -159,14 +159,14 @@ class RequestLimits:
         return asked
 
     def _capacity_error(self, num_prompt: int, max_tokens: int, copies: int) -> APIError:
-        sched = self.scheduler
-        need = sched.max_pages_per_seq(num_prompt, max_tokens, copies)
+        spec = self.spec
+        need = spec.request_pages(num_prompt, max_tokens, copies)
         return APIError(
             400,
             f"The request needs {need} KV pages ({num_prompt} prompt tokens + {max_tokens} "
-            f"completion tokens x {copies} sequences, {sched.cache_config.page_size} tokens "
+            f"completion tokens x {copies} sequences, {spec.page_size} tokens "
             "per page); the KV pool "
-            f"holds {sched.cache.num_pages} pages.",
+            f"holds {spec.num_pages} pages.",
             param="max_tokens",
             code="cache_capacity_exceeded",
         )

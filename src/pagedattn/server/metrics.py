@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -41,8 +41,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedattn.engine.outputs import FINISH_REASONS, RequestOutput
-from pagedattn.engine.step_report import StepReport
 from pagedattn.server.kv_store_metrics import kv_store_metrics
+
+if TYPE_CHECKING:
+    from pagedattn.engine.step_report import StepReport
 
 PREFIX = "pagedattn:"
 LATENCY_BUCKETS = (

@@ -30,12 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server.batch_prompts import prompts_of
 from pagedattn.server.chat_prompt import chat_prompt_ids
 from pagedattn.server.errors import APIError, value_error
 from pagedattn.server.limits import RequestLimits
+from pagedattn.server.model_spec import ModelSpec
 from pagedattn.server.prepared import Prepared
 from pagedattn.server.request_fields import check_request_fields
 from pagedattn.server.served_model import ServedModel
@@ -46,11 +46,11 @@ MAX_CHOICES = 128  # most n / best_of per request (OpenAI's limit on n)
 
 
 class RequestPreparer:
-    """Validates requests for one engine and builds their :class:`Prepared` form (blocking:
+    """Validates requests for one served model and builds their :class:`Prepared` form (blocking:
     tokenising and template rendering; run it off the event loop).
 
     Args:
-        engine: the served engine (read only: its tokenizer and vocabulary).
+        spec: the served model (its tokenizer, vocabulary and limits).
         served: the served model's names.
         default_max_tokens: cap on the chat default ``max_tokens``.
         tool_planner: plans a chat request's tool calls (:mod:`pagedattn.server.tools`).
@@ -61,19 +61,19 @@ class RequestPreparer:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        spec: ModelSpec,
         served: ServedModel,
         default_max_tokens: int,
         tool_planner: ToolPlanner,
         max_logprobs: int = 20,
         max_seqs_per_request: int | None = None,
     ) -> None:
-        self.engine = engine
+        self.spec = spec
         self.served = served
-        self.limits = RequestLimits(engine, max_seqs_per_request)
+        self.limits = RequestLimits(spec, max_seqs_per_request)
         self.default_max_tokens = default_max_tokens
         self.tool_planner = tool_planner
-        vocab = engine.vocab_size
+        vocab = spec.vocab_size
         self.max_logprobs = vocab if max_logprobs == -1 else min(max_logprobs, vocab)
 
     def num_logprobs(self, name: str, value: int | None, whole_vocab: bool = True) -> int | None:
@@ -81,7 +81,7 @@ class RequestPreparer:
         vocabulary's size; more than ``max_logprobs`` is a 400 naming ``name``."""
         if value is None:
             return None
-        count = self.engine.vocab_size if value == -1 and whole_vocab else value
+        count = self.spec.vocab_size if value == -1 and whole_vocab else value
         if count < 0:
             expected = "-1 (the whole vocabulary) or an int >= 0" if whole_vocab else "an int >= 0"
             raise APIError(400, f"{name}: expected {expected}, got {value}", param=name)
@@ -154,7 +154,7 @@ class RequestPreparer:
                 max_logprobs=self.max_logprobs,
                 **extra,
             )
-            params.check_vocab(self.engine.vocab_size)
+            params.check_vocab(self.spec.vocab_size)
             return params
         except ValueError as exc:
             raise value_error(exc) from exc
@@ -163,9 +163,9 @@ class RequestPreparer:
         """The token sequences of the request's ``bad_words``. Raises APIError."""
         if not req.bad_words:
             return ()
-        if self.engine.tokenizer is None:
+        if self.spec.tokenizer is None:
             raise APIError(400, "bad_words: this model has no tokenizer", param="bad_words")
-        return tuple(tuple(s) for s in bad_word_ids(req.bad_words, self.engine.tokenizer))
+        return tuple(tuple(s) for s in bad_word_ids(req.bad_words, self.spec.tokenizer))
 
     def completion(
         self, req: p.CompletionRequest, prompt: str | list[int] | None = None
@@ -185,11 +185,11 @@ class RequestPreparer:
             self.limits.check_prompt_bytes(prompt, "prompt")
         try:
             if isinstance(prompt, str) and req.add_special_tokens is False:
-                tokenizer = self.engine.tokenizer
+                tokenizer = self.spec.tokenizer
                 prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-                ids = self.engine.encode(prompt_ids) if prompt_ids else []
+                ids = self.spec.encode(prompt_ids) if prompt_ids else []
             else:
-                ids = self.engine.encode(prompt)
+                ids = self.spec.encode(prompt)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from exc
         whole = ids
@@ -216,7 +216,7 @@ class RequestPreparer:
             echo_text = (
                 prompt
                 if isinstance(prompt, str) and ids == whole
-                else self.engine.tokenizer.decode(ids)
+                else self.spec.tokenizer.decode(ids)
             )
         return Prepared(
             ids,
@@ -250,7 +250,7 @@ class RequestPreparer:
         def check(text: str) -> None:
             self.limits.check_prompt_bytes(text, "messages")
 
-        ids = self.truncate(req, chat_prompt_ids(req, self.engine.tokenizer, check), 0)
+        ids = self.truncate(req, chat_prompt_ids(req, self.spec.tokenizer, check), 0)
         if not ids:
             raise APIError(
                 400,

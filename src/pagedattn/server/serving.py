@@ -13,9 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 import pagedattn.server.protocol as p
-from pagedattn.engine.llm import merge_delta
-from pagedattn.engine.llm_engine import LLMEngine
-from pagedattn.engine.outputs import REJECTIONS, RequestOutput
+from pagedattn.engine.outputs import REJECTIONS, RequestOutput, merge_delta
 from pagedattn.server.batch_prompts import (
     batch_completion_response,
     collect_all,
@@ -27,6 +25,7 @@ from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body
 from pagedattn.server.json_body import json_response
+from pagedattn.server.model_spec import ModelSpec
 from pagedattn.server.prepare import RequestPreparer
 from pagedattn.server.prepared import Prepared
 from pagedattn.server.responses import chat_response, completion_response
@@ -43,6 +42,7 @@ class OpenAIServing:
 
     Args:
         async_engine: the engine loop (an :class:`EngineClient`).
+        spec: the served model (tokenizer, vocabulary, limits) requests are validated against.
         model_name: the served model name (requests naming another model get a 404).
         default_max_tokens: cap on the chat default ``max_tokens`` when the context is unbounded
             or longer.
@@ -56,6 +56,7 @@ class OpenAIServing:
     def __init__(
         self,
         async_engine: EngineClient,
+        spec: ModelSpec,
         model_name: str,
         default_max_tokens: int = 1024,
         aliases: Sequence[str] = (),
@@ -63,19 +64,15 @@ class OpenAIServing:
         max_seqs_per_request: int | None = None,
     ) -> None:
         self.async_engine = async_engine
-        self.engine: LLMEngine = async_engine.engine
-        self.served = ServedModel.of(
-            model_name, aliases, self.engine.scheduler.max_model_len, self.engine.tokenizer
-        )
-        self.structured = StructuredOutput(
-            self.engine.tokenizer, self.engine.model_config.vocab_size
-        )
+        self.spec = spec
+        self.served = ServedModel.of(model_name, aliases, spec.max_model_len, spec.tokenizer)
+        self.structured = StructuredOutput(spec.tokenizer, spec.logits_size)
         tool_planner = ToolPlanner(
-            self.engine.tokenizer,
+            spec.tokenizer,
             lambda fmt: self.structured.special_tokens((fmt.open_tag, fmt.close_tag)),
         )
         self.prepare = RequestPreparer(
-            self.engine,
+            spec,
             self.served,
             default_max_tokens,
             tool_planner,
@@ -157,13 +154,13 @@ class OpenAIServing:
         prompt: a processor holds its request's grammar state). Blocking. Raises APIError."""
         tool_spec = prepared.tools.spec if prepared.tools is not None else None
         processors = self.structured.processors(req, tool_spec)
-        engine = self.engine
+        spec = self.spec
         check_satisfiable(
             prepared.params,
             processors,
-            engine.vocab_size,
-            engine.model_config.vocab_size,
-            engine.scheduler.eos_token_ids,
+            spec.vocab_size,
+            spec.logits_size,
+            spec.eos_token_ids,
         )
         if not processors:
             return prepared
@@ -225,7 +222,7 @@ class OpenAIServing:
 
     def token_text(self, token_id: int) -> str:
         """One token's text (special tokens included)."""
-        return str(self.engine.tokenizer.decode([token_id], skip_special_tokens=False))
+        return str(self.spec.tokenizer.decode([token_id], skip_special_tokens=False))
 
 
 def _usage_options(req: p.SamplingFields) -> tuple[bool, bool]:
