@@ -60,11 +60,11 @@ def test_a_6000_token_prompt_never_stalls_8_decoding_streams() -> None:
         if not engine.has_unfinished_requests():
             break
     # the long prompt was computed in chunks of 256 tokens at its start, shorter as its context
-    # grows (a token at position s counts 1 + s / 2048: its attention), one per step
+    # grows (a token at position s counts 1 + s / 3072: its attention), one per step
     long_rows = [r for rows in log.rows for r in rows if r[1] > 1 and sum(r) > 20]
-    assert [start for start, _ in long_rows] == _grid(6000, chunk, 2048)
-    assert long_rows[0] == (0, 256) and 60 < long_rows[-2][1] < 70  # 256 / (1 + 5900 / 2048)
-    assert all(n * (1 + s / 2048) <= chunk + 4 for s, n in long_rows)
+    assert [start for start, _ in long_rows] == _grid(6000, chunk, 3072)
+    assert long_rows[0] == (0, 256) and 80 < long_rows[-2][1] < 95  # 256 / (1 + 5846 / 3072)
+    assert all(n * (1 + s / 3072) <= chunk + 4 for s, n in long_rows)
     assert steps_with_long >= len(long_rows)  # it ran beside the streams, not after them
     for rid, prompt in streams.items():
         assert outs[rid] == solo(MODEL, prompt, STREAM), rid

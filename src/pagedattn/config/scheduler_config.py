@@ -40,7 +40,7 @@ class SchedulerConfig:
             (256 tokens by default: on a CPU a chunk's step is what the streams wait for);
             must not exceed ``max_num_batched_tokens``.
         prefill_attention_tokens: the context length at which a prompt token's attention costs
-            about as much as the rest of its work (its matmuls; about 2k tokens for the
+            about as much as the rest of its work (its matmuls; about 3k tokens for the
             embedded SmolLM2 on a CPU, measured). A chunk starting at position ``s`` counts
             ``1 + s / this`` per token against ``long_prefill_token_threshold``, so the late
             chunks of a long prompt (which attend to everything before them) are shorter and a
@@ -76,7 +76,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     long_prefill_token_threshold: int | None = None
-    prefill_attention_tokens: int | None = 2048
+    prefill_attention_tokens: int | None = 3072
     speculative: str | None = None
     num_speculative_tokens: int = 8
     ngram_min: int = 2
