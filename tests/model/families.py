@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
 
-from tests.model.tiny import MERGES, SPECIALS, llama_cpp_permute, tiny_tokens
+from tests.model.tiny import CHAT_TEMPLATE, MERGES, SPECIALS, llama_cpp_permute, tiny_tokens
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 WINDOW = 8  # sliding window of the families that have one: prompts run well past it
@@ -134,9 +135,19 @@ _GLOBAL = {
 }
 
 
-def write_gguf(family: str, model: Any, path: Path, *, permute: bool | None = None) -> Path:
+def write_gguf(
+    family: str,
+    model: Any,
+    path: Path,
+    *,
+    permute: bool | None = None,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    chat_template: str | None = None,
+) -> Path:
     """``model`` as llama.cpp's converter writes ``family`` (see the module docstring);
-    ``permute`` overrides whether q/k rows are permuted (to test the wrong convention)."""
+    ``permute`` overrides whether q/k rows are permuted (to test the wrong convention);
+    ``qtype``: the type of every matrix (``gguf``'s quantizer: Q8_0, Q4_0, ...; norms and
+    biases stay float32); ``chat_template``: the file's template (none by default)."""
     c = model.config
     arch = "llama" if family in ("llama", "mistral") else family
     permute = family in ("llama", "mistral") if permute is None else permute
@@ -149,6 +160,8 @@ def write_gguf(family: str, model: Any, path: Path, *, permute: bool | None = No
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
@@ -189,9 +202,32 @@ def write_gguf(family: str, model: Any, path: Path, *, permute: bool | None = No
             w = np.concatenate([q, llama_cpp_permute(k, c.num_key_value_heads), v])
         if family == "gemma3" and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        writer.add_tensor(out, np.ascontiguousarray(w, dtype=np.float32))
+        if w.ndim == 2 and qtype != GGMLQuantizationType.F32:
+            writer.add_tensor(out, quantize(np.asarray(w, np.float32), qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(out, np.ascontiguousarray(w, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def gguf_with_oracle(
+    family: str,
+    folder: Path,
+    *,
+    seed: int = 0,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    chat_template: str | None = CHAT_TEMPLATE,
+) -> tuple[Any, Path]:
+    """A random model of ``family`` (qwen2, gemma3, ...) whose config is what its GGUF keeps
+    (Gemma's attention scale ``1 / sqrt(head_dim)``, as llama.cpp applies it), and the GGUF:
+    the transformers model is the file's oracle."""
+    if family == "gemma3":
+        hf = hf_model(family, seed=seed, query_pre_attn_scalar=16)
+    else:
+        hf = hf_model(family, seed=seed)
+    path = write_gguf(family, hf, folder / f"{family}-{qtype.name}.gguf", qtype=qtype,
+                      chat_template=chat_template)  # fmt: skip
+    return hf, path

@@ -20,9 +20,12 @@ batch-invariance tests compare the two (a sequence alone takes this path, in a b
 the general one). Fusion in the sense of llama.cpp's one graph per step (``llama_decode``),
 not of merged arithmetic.
 
-The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; True: int8
-activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`, and its x86
-instructions, only into the specialisation that asks for it.
+The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; a tuple of
+per-matrix flags: int8 activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`,
+and its x86 instructions, only into the specialisation that asks for it. With int8 activations
+each matrix takes the path :func:`~pagedattn.model.quantized.qmatmul` gives it: int8 inputs
+for the types the int8 kernels read (Q4_0, Q4_1, Q8_0), exact float32 for the others (Q5_0,
+Q5_1, the K-quants), so a Q4_K_M file, which mixes them within a layer, keeps the fused step.
 """
 
 from __future__ import annotations
@@ -42,22 +45,30 @@ from pagedattn.model.block_dot import qmatmul_blocks
 from pagedattn.model.gelu_ops import gelu_mul_serial
 from pagedattn.model.row_ops import rms_norm_serial, silu_mul_serial
 
+# the layer's matrices in the order of the fused layer's per-matrix int8 flags
+INT8_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+
 
 def _project(  # pragma: no cover - replaced by the overload in kernels
-    x: Any, int8: Any, b0: Any, b1: Any, b2: Any, kinds: Any, num_parts: Any, out: Any
+    x: Any, int8: Any, first: Any, b0: Any, b1: Any, b2: Any, kinds: Any, num_parts: Any, out: Any
 ) -> None:
     """``out = x @ concat(parts).T`` as :func:`pagedattn.model.quantized.qmatmul` does it for
-    a decode step: one register-decode launch (int8: inputs quantized on this thread)."""
+    a decode step: parts on one path share one register-decode launch (int8: inputs quantized
+    on this thread); parts on different paths (an int8-capable part beside a Q5_0 or K-quant
+    one) each take their own launch, into their own columns, as ``qmatmul`` does.
+
+    int8: None (every part exact) or the layer's per-matrix flags (:data:`INT8_MATRICES`),
+    ``int8[first + p]`` that of part ``p``."""
     raise NotImplementedError("_project is only callable from Numba kernels")
 
 
 # The overload's parameters carry no annotations: Numba requires the typing function's
 # signature to equal its implementations'.
 @overload(_project, inline="always")
-def _project_by_path(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+def _project_by_path(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
     if isinstance(int8, types.NoneType):
 
-        def exact(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+        def exact(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
             qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
 
         return exact
@@ -66,10 +77,49 @@ def _project_by_path(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignor
     require_int8()  # a Python error, never an LLVM abort, on a CPU without AVX2
     impl: Any = project_int8
 
-    def with_int8(x, int8, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
-        impl(x, b0, b1, b2, kinds, num_parts, out)
+    def by_part(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+        f0 = int8[first]
+        f1 = int8[first + 1] if num_parts > 1 else f0
+        f2 = int8[first + 2] if num_parts > 2 else f1
+        if f0 and f1 and f2:
+            impl(x, b0, b1, b2, kinds, num_parts, out)
+        elif not (f0 or f1 or f2):
+            qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
+        else:  # two or three parts, on both paths: one launch each, into its own columns
+            _part(x, int8, f0, b0, kinds[0], out, 0)
+            _part(x, int8, f1, b1, kinds[1], out, b0.shape[0])
+            if num_parts > 2:
+                _part(x, int8, f2, b2, kinds[2], out, b0.shape[0] + b1.shape[0])
 
-    return with_int8
+    return by_part
+
+
+def _part(  # pragma: no cover - replaced by the overload in kernels
+    x: Any, int8: Any, flag: Any, blocks: Any, kind: Any, out: Any, col: Any
+) -> None:
+    """``out[:, col : col + n] = x @ blocks.T`` for one part of a mixed projection, on the int8
+    path where ``flag`` is true (``int8`` is the layer's flags: their type says whether the
+    int8 kernels are compiled in)."""
+    raise NotImplementedError("_part is only callable from Numba kernels")
+
+
+@overload(_part, inline="always")
+def _part_by_path(x, int8, flag, blocks, kind, out, col):  # type: ignore[no-untyped-def]
+    if isinstance(int8, types.NoneType):
+        return None  # only the int8 specialization has mixed projections
+    from pagedattn.model.block_dot_int8 import project_int8
+
+    impl: Any = project_int8
+
+    def one(x, int8, flag, blocks, kind, out, col):  # type: ignore[no-untyped-def]
+        values = np.empty((x.shape[0], blocks.shape[0]), np.float32)
+        if flag:
+            impl(x, blocks, blocks, blocks, (kind, kind, kind), 1, values)
+        else:
+            qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), 1, values)
+        out[:, col : col + blocks.shape[0]] = values
+
+    return one
 
 
 @numba.njit(cache=True, nogil=True)
@@ -118,7 +168,9 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
     (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (values of
     :data:`~pagedattn.model.block_ir.KINDS`) as tuples for the fused launches; int8: None
-    (exact float32) or True (int8 activations; every in_features a multiple of 32); cos, sin:
+    (every projection exact float32) or, with int8 activations, a flag per matrix in
+    :data:`INT8_MATRICES` order (True: that matrix meets int8 inputs, as
+    :func:`~pagedattn.model.quantized.qmatmul` chooses; False: exact); cos, sin:
     (T, D/2) float32 RoPE tables; keep, pages, offsets: the step's slot plan; k_cache, v_cache:
     this layer's (num_pages, nkv, page_size, D) pool (float32, float16 bits, or int8 D + 4
     wide); tables, ctx, splits, num_splits, scale, window, num_sink: the step's validated
@@ -134,7 +186,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     h = np.empty((rows, hidden), np.float32)
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
-    _project(h, int8, bq, bk, bv, qkv_kinds, 3, qkv)
+    _project(h, int8, 0, bq, bk, bv, qkv_kinds, 3, qkv)
     if qkv_bias is not None:
         for r in range(rows):
             qkv[r] += qkv_bias
@@ -158,7 +210,8 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         q_rot, q_rot, k_cache, v_cache, tables, ctx, splits, scale, window, num_sink, num_splits
     )
     o = np.empty((rows, hidden), np.float32)
-    _project(attn.reshape((rows, q_width)), int8, bo, bo, bo, (o_kind, o_kind, o_kind), 1, o)
+    o_kinds = (o_kind, o_kind, o_kind)
+    _project(attn.reshape((rows, q_width)), int8, 3, bo, bo, bo, o_kinds, 1, o)
     if post_attn_norm is not None:
         on = np.empty((rows, hidden), np.float32)
         rms_norm_serial(o, post_attn_norm, eps, on)
@@ -169,14 +222,14 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     inter = bg.shape[0]
     gate_up = np.empty((rows, 2 * inter), np.float32)
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
-    _project(h, int8, bg, bu, bu, kind3, 2, gate_up)
+    _project(h, int8, 4, bg, bu, bu, kind3, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
     if gelu is None:
         silu_mul_serial(gate_up, act)
     else:
         gelu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
-    _project(act, int8, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
+    _project(act, int8, 6, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
     if post_mlp_norm is not None:
         dn = np.empty((rows, hidden), np.float32)
         rms_norm_serial(down, post_mlp_norm, eps, dn)

@@ -149,11 +149,13 @@ class DecoderModel:
         self._glu = ACTIVATION_KERNELS[arch.activation]
         fused = [layer.fused_args() for layer in self.layers]
         self._fused: list[tuple[object, ...]] | None = None
-        int8_ready = activations != "int8" or all(
-            m.int8_capable for m in blocks.values()
-        )  # the fused int8 step reads Q4_0 / Q4_1 / Q8_0 only; other types take the general path
-        if fused_decode and int8_ready and all(f is not None for f in fused):
+        if fused_decode and all(f is not None for f in fused):
             self._fused = [f for f in fused if f is not None]
+        # int8 activations: each matrix's path, as qmatmul chooses it (int8 for Q4_0 / Q4_1 /
+        # Q8_0, exact for the other types); None: the exact specialization of the fused layer
+        self._int8_flags = [
+            layer.int8_flags() if activations == "int8" else None for layer in self.layers
+        ]
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, activations: str = "float32") -> DecoderModel:
@@ -315,14 +317,13 @@ class DecoderModel:
         order, as :func:`~pagedattn.model.layer_loop.run_layer`)."""
         c = self.config
         eps = np.float32(c.rms_norm_eps)
-        int8 = True if self.activations == "int8" else None  # the compiled path: see decode_layer
         gelu = True if self.arch.activation == "gelu_tanh" else None
         pool = kernel_cache(kv)  # float16 pools as their uint16 bits
         for li, weights in enumerate(self._fused or ()):
             plan = split.decode_plan(cache_shape, c.layer_window(li), c.attn_scale)
             cos, sin = ropes[li]
             decode_layer(  # type: ignore[call-arg]
-                x, eps, *weights, int8, c.num_heads, cos, sin, slots.keep,
+                x, eps, *weights, self._int8_flags[li], c.num_heads, cos, sin, slots.keep,
                 slots.pages, slots.offsets, pool[li, 0], pool[li, 1], plan.tables, plan.ctx,
                 plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
                 *self.layers[li].fused_extras(), gelu,
