@@ -17,6 +17,7 @@ are compared with its gaps before it arrived (p50, p99, worst, in ms).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import socket
 import statistics
@@ -35,6 +36,8 @@ def serve(**options: object) -> Iterator[str]:
     from pagedattn.server.app import build_app
 
     app = build_app(None, **options)  # type: ignore[arg-type]
+    gc.collect()  # as `pagedattn serve`: the start-up heap is kept out of full collections
+    gc.freeze()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, log_level="warning")

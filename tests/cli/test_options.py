@@ -144,3 +144,14 @@ def test_kernels_cached_reads_numba_s_index_of_the_decode_layer(
 
     monkeypatch.setattr(cache_file, "_load_index", broken)
     assert options.kernels_cached() is True  # unknown: say nothing
+
+
+@pytest.mark.parametrize(
+    "cluster", [["--replicas", "2"], ["--ray-address", "auto"]], ids=["replicas", "ray-address"]
+)
+def test_serve_refuses_a_header_timeout_on_ray_serve(cluster: list[str]) -> None:
+    # Ray Serve's HTTP proxy reads the headers there: the option would be silently ignored
+    code, _, err = invoke("serve", *cluster, "--header-timeout", "5")
+    assert code == 2
+    assert err.startswith("error: --header-timeout is served by one process only")
+    assert "Ray Serve's HTTP proxy" in err

@@ -15,7 +15,13 @@ from pagedattn.sampling_params import SamplingParams
 
 
 def test_the_plan_lays_out_prompt_sample_and_fork_rows_and_they_stay_as_sampled() -> None:
-    engine = make_engine(tiny_model(), page_size=4, num_pages=64, max_num_batched_tokens=64)
+    engine = make_engine(
+        tiny_model(),
+        page_size=4,
+        num_pages=64,
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=16,
+    )
     a = SamplingParams(max_tokens=2, prompt_logprobs=1, temperature=0.0, ignore_eos=True)
     b = SamplingParams(n=3, max_tokens=2, temperature=1.0, seed=5, ignore_eos=True)
     engine.add_request(list(range(3, 13)), a, request_id="a")  # 10 prompt tokens

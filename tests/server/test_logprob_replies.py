@@ -2,7 +2,7 @@
 ``logprobs: 20``, megabytes of JSON) is built and serialised on a worker thread, never on the
 event loop (where it would hold /health and every stream), on the embedded SmolLM2; the reply
 holds one entry per prompt token with 20 alternatives each. The /health latency under that
-load is measured by ``benchmarks/health_under_logprobs.py``."""
+load is measured by ``benchmarks/health_under_load.py logprobs``."""
 
 from __future__ import annotations
 

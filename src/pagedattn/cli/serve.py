@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Annotated
 
 import typer
@@ -108,16 +109,17 @@ def serve(
         ),
     ] = None,
     header_timeout_s: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--header-timeout",
             min=0.001,
             metavar="SECONDS",
             help="Seconds a client has to send a request's headers; then a 408 and the "
-            "connection is closed (slow-header clients cannot hold connections).",
+            "connection is closed (slow-header clients cannot hold connections). Default 10. "
+            "One process only: with --replicas, Ray Serve's HTTP proxy reads the headers.",
             rich_help_panel=SERVER,
         ),
-    ] = 10.0,
+    ] = None,
     log_level: Annotated[
         str, typer.Option(metavar="LEVEL", help="uvicorn log level.", rich_help_panel=SERVER)
     ] = "info",
@@ -184,6 +186,14 @@ def serve(
             flag = "--max-logprobs" if max_logprobs != 20 else "--enable-server-load-tracking"
             typer.echo(f"error: {flag} is served by one process only (no --replicas)", err=True)
             raise typer.Exit(code=2)
+        if header_timeout_s is not None:
+            typer.echo(
+                "error: --header-timeout is served by one process only (no --replicas): Ray "
+                "Serve's HTTP proxy reads the headers and has no such timeout; put a proxy with "
+                "one in front of it (nginx's client_header_timeout)",
+                err=True,
+            )
+            raise typer.Exit(code=2)
         from pagedattn.cli.serve_cluster import serve_cluster
 
         serve_cluster(
@@ -233,7 +243,15 @@ def serve(
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {flag_message(str(exc).splitlines()[0])}", err=True)
         raise typer.Exit(code=2) from exc
-    from pagedattn.server.header_timeout import header_timeout_protocol
+    from pagedattn.server.header_timeout import DEFAULT_HEADER_TIMEOUT_S, header_timeout_protocol
+
+    if header_timeout_s is None:
+        header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
+    # The start-up heap (modules, model, tokenizer) lives as long as the server: kept out of
+    # the collector's full passes, which a large reply's allocations trigger and which hold
+    # the GIL (the event loop, the engine thread) while they walk every object.
+    gc.collect()
+    gc.freeze()
 
     uvicorn.run(
         server_app,

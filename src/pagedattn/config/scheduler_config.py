@@ -36,16 +36,18 @@ class SchedulerConfig:
             the running streams (vLLM's ``long_prefill_token_threshold``), and its chunk
             boundaries depend only on its own length and this number, never on what else is
             scheduled (one exception: under page pressure the newest sequence may cut a chunk
-            short instead of being preempted). None = ``max(1, max_num_batched_tokens // 4)``;
+            short instead of being preempted). None = ``max(1, max_num_batched_tokens // 8)``
+            (256 tokens by default: on a CPU a chunk's step is what the streams wait for);
             must not exceed ``max_num_batched_tokens``.
         prefill_attention_tokens: the context length at which a prompt token's attention costs
-            about as much as the rest of its work (its matmuls; about 4k tokens for a small
-            model on a CPU). A chunk starting at position ``s`` counts ``1 + s / this`` per
-            token against ``long_prefill_token_threshold``, so the late chunks of a long prompt
-            (which attend to everything before them) are shorter and a step that mixes them
-            with decodes stays as cheap as one with an early chunk. Boundaries still depend
-            only on the prompt's positions and these numbers. None = every chunk has the
-            threshold's tokens.
+            about as much as the rest of its work (its matmuls; about 3k tokens for the
+            embedded SmolLM2 on a CPU, measured). A chunk starting at position ``s`` counts
+            ``1 + s / this`` per token against ``long_prefill_token_threshold``, so the late
+            chunks of a long prompt (which attend to everything before them) are shorter and a
+            step that mixes them with decodes stays as cheap as one with an early chunk; the
+            step planner bounds all of a step's prompt pieces by the same cost while streams
+            decode. Boundaries still depend only on the prompt's positions and these numbers.
+            None = every token counts 1.
         max_model_len: most tokens (prompt + generated) in one request. None = the model's
             ``max_position_embeddings`` in absolute mode without a sliding window, unbounded
             otherwise (a window bounds memory; positions past the context extrapolate RoPE in
@@ -74,7 +76,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     long_prefill_token_threshold: int | None = None
-    prefill_attention_tokens: int | None = 4096
+    prefill_attention_tokens: int | None = 3072
     speculative: str | None = None
     num_speculative_tokens: int = 8
     ngram_min: int = 2
@@ -105,6 +107,13 @@ class SchedulerConfig:
                 "SchedulerConfig.long_prefill_token_threshold: expected None or an int in "
                 f"[1, max_num_batched_tokens={self.max_num_batched_tokens}], got {t!r}"
             )
+
+    def prefill_cost(self, start: int, num_tokens: int) -> float:
+        """The work of computing ``num_tokens`` prompt tokens from position ``start``, in
+        tokens of an empty context: each counts ``1 + start / prefill_attention_tokens`` (its
+        attention over the ``start`` tokens before the chunk; see the attributes)."""
+        ref = self.prefill_attention_tokens
+        return float(num_tokens) if ref is None else num_tokens * (1 + start / ref)
 
     def prefill_chunk_end(self, start: int) -> int:
         """Where the prefill chunk holding position ``start`` ends: chunks run from 0, the one
@@ -153,4 +162,4 @@ class SchedulerConfig:
     def prefill_chunk_size(self) -> int:
         """The resolved ``long_prefill_token_threshold`` (tokens)."""
         t = self.long_prefill_token_threshold
-        return max(1, self.max_num_batched_tokens // 4) if t is None else t
+        return max(1, self.max_num_batched_tokens // 8) if t is None else t

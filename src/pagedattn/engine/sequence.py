@@ -112,7 +112,8 @@ class Sequence:
         self.cumulative_logprob: float | None = 0.0 if params.needs_logprob else None
         # Per prompt token its logprobs (index 0 stays None) once all are computed.
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
-        self._prompt_lp: dict[int, TokenLogprobs] = {}
+        # computed so far, each chunk's converted as it comes (not all at the prompt's end)
+        self._prompt_lp: dict[int, PositionLogprobs] = {}
         if params.prompt_logprobs is not None and self.num_prompt_tokens == 1:
             self.prompt_logprobs = [None]
         self._stop = StopStringTracker(params.stop, params.include_stop_str_in_output)
@@ -171,13 +172,10 @@ class Sequence:
         """Record prompt logprobs of positions ``first ..`` (from the runner); once every
         prompt token from position 1 on has one, :attr:`prompt_logprobs` is set."""
         for j, tl in enumerate(logprobs):
-            self._prompt_lp[first + j] = tl
+            self._prompt_lp[first + j] = to_position_logprobs(tl, self.decode_token)
         if len(self._prompt_lp) >= self.num_prompt_tokens - 1:
             lps = self._prompt_lp
-            self.prompt_logprobs = [None] + [
-                to_position_logprobs(lps[i], self.decode_token)
-                for i in range(1, self.num_prompt_tokens)
-            ]
+            self.prompt_logprobs = [None, *(lps[i] for i in range(1, self.num_prompt_tokens))]
 
     def append_token(
         self,

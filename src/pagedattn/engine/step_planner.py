@@ -16,11 +16,21 @@
    (preempted) sequence takes its arrival-order place in the running list, so it runs, and
    is preempted, as the older request it is.
 
+While any running sequence decodes, the step's prompt work is bounded too (:class:`PrefillRoom`):
+its prompt pieces together may cost at most ``prefill_chunk_size`` tokens, a piece starting at
+position ``s`` costing ``1 + s / prefill_attention_tokens`` per token (its attention over the
+context), so two long prompts, or a late chunk and a new prompt, never share a step that the
+decodes would wait on. The first prompt piece of a step always runs (progress); a piece that
+does not fit waits whole for a later step, so chunk boundaries never move. Without decodes, a
+step takes prompt pieces up to ``max_num_batched_tokens``.
+
 Every reservation goes to the step's :class:`StepJournal`; a preemption is complete on its own
 and stands even when the step is rolled back.
 """
 
 from __future__ import annotations
+
+import math
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
@@ -61,12 +71,13 @@ class StepPlanner:
         reservation and admission in ``journal`` as it is made."""
         running, waiting = self.queues.running, self.queues.waiting
         budget = self.config.max_num_batched_tokens
+        room = PrefillRoom(self.config, decoding=any(map(is_decoding, running)))
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = self.piece(seq)
-            if n > budget:  # waits for a step with room for its whole chunk
+            if n > budget or not room.admits(seq, n):  # waits for room for its whole chunk
                 i += 1
                 continue
             while not self.cache.can_append(seq.seq_id, n) and seq is not running[-1]:
@@ -78,6 +89,7 @@ class StepPlanner:
                     self.preempt(running.pop())
                     preempted = True
                     break
+            room.take(seq, n)
             journal.scheduled.append(self.reserve(seq, n))
             budget -= n
             i += 1
@@ -86,9 +98,10 @@ class StepPlanner:
             occupied = sum(map(seats, running))
             while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
                 seq = waiting[0]
-                n = self.admit(seq, budget)
+                n = self.admit(seq, budget, room)
                 if n == 0:
                     break
+                room.take(seq, n)
                 occupied += seats(seq)
                 journal.admitted.append(seq)
                 journal.scheduled.append(self.reserve(seq, n))
@@ -122,9 +135,10 @@ class StepPlanner:
             return seq.num_tokens - start
         return min(seq.num_tokens, self.config.prefill_chunk_end(start)) - start
 
-    def admit(self, seq: Sequence, budget: int) -> int:
+    def admit(self, seq: Sequence, budget: int, room: PrefillRoom) -> int:
         """Move the first waiting sequence to running with its prefix-cache hits; returns the
-        tokens it computes this step, 0 (and nothing changed) when it does not fit."""
+        tokens it computes this step, 0 (and nothing changed) when it does not fit the budget,
+        the step's prefill room or the pages."""
         # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
         lookup = () if seq.needs_prompt_logits else seq.token_ids
         num_cached = self.cache.add_sequence(seq.seq_id, lookup)
@@ -134,7 +148,8 @@ class StepPlanner:
             alone = n <= budget and not self.queues.running and not whole
             if alone and not self.cache.can_append(seq.seq_id, n):
                 n = self.fitting_chunk(seq, n)  # alone: progress in smaller chunks
-            if n > budget or n == 0 or not self.cache.can_append(seq.seq_id, n):
+            fits = 0 < n <= budget and room.admits(seq, n, start=num_cached)
+            if not fits or not self.cache.can_append(seq.seq_id, n):
                 n = 0
         except BaseException:
             self.cache.free_sequence(seq.seq_id)
@@ -154,3 +169,43 @@ class StepPlanner:
         seq.preempt()
         self.queues.waiting.appendleft(seq)
         self.stats.num_preemptions += 1
+
+
+def is_decoding(seq: Sequence) -> bool:
+    """Whether the running sequence's next piece is one decode token (its prompt and every
+    generated token but the last are computed)."""
+    return seq.num_tokens - seq.num_computed_tokens == 1 and seq.num_tokens > seq.num_prompt_tokens
+
+
+class PrefillRoom:
+    """The prompt work a step may still take beside its decodes (see the module doc).
+
+    Args:
+        config: ``prefill_chunk_size`` and the attention weight of a piece.
+        decoding: whether a running sequence decodes this step; without one the room is
+            unbounded (the token budget alone applies).
+    """
+
+    def __init__(self, config: SchedulerConfig, decoding: bool) -> None:
+        self.config = config
+        self.left = float(config.prefill_chunk_size) if decoding else math.inf
+        self.taken = False
+
+    def admits(self, seq: Sequence, n: int, start: int | None = None) -> bool:
+        """Whether the piece of ``n`` tokens from ``start`` (default: the sequence's computed
+        tokens) fits: a decode always does, so does the step's first prompt piece."""
+        start = seq.num_computed_tokens if start is None else start
+        if not self.taken or self._is_decode(seq, start, n):
+            return True
+        return self.config.prefill_cost(start, n) <= self.left
+
+    def take(self, seq: Sequence, n: int) -> None:
+        """Count the piece of ``n`` tokens the sequence was just given (before its reserve)."""
+        start = seq.num_computed_tokens
+        if not self._is_decode(seq, start, n):
+            self.left -= self.config.prefill_cost(start, n)
+            self.taken = True
+
+    @staticmethod
+    def _is_decode(seq: Sequence, start: int, n: int) -> bool:
+        return n == 1 and start == seq.num_tokens - 1 and seq.num_tokens > seq.num_prompt_tokens

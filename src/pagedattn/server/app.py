@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import pagedattn.server.protocol as p
@@ -216,9 +216,7 @@ def create_client_app(
         return p.ModelList(data=cards)
 
     @app.post("/v1/completions", dependencies=auth, response_model=p.Completion, responses=_ERRORS)
-    async def completions(
-        request: p.CompletionRequest, raw: Request
-    ) -> JSONResponse | StreamingResponse:
+    async def completions(request: p.CompletionRequest, raw: Request) -> Response:
         """OpenAI text completions."""
         return await load.track(serving.respond(raw, request))
 
@@ -228,18 +226,14 @@ def create_client_app(
         response_model=p.ChatCompletion,
         responses=_ERRORS,
     )
-    async def chat_completions(
-        request: p.ChatCompletionRequest, raw: Request
-    ) -> JSONResponse | StreamingResponse:
+    async def chat_completions(request: p.ChatCompletionRequest, raw: Request) -> Response:
         """OpenAI chat completions (the model's chat template renders the conversation)."""
         return await load.track(serving.respond(raw, request))
 
     responses = ResponsesServing(serving)
 
     @app.post("/v1/responses", dependencies=auth, response_model=None, responses=_ERRORS)
-    async def create_response(
-        request: ResponsesRequest, raw: Request
-    ) -> JSONResponse | StreamingResponse:
+    async def create_response(request: ResponsesRequest, raw: Request) -> Response:
         """OpenAI Responses API: text in, text out (:mod:`pagedattn.server.responses_api`)."""
         return await load.track(responses.respond(raw, request))
 

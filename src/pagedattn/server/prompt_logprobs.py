@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pydantic import BaseModel
+from typing_extensions import TypedDict
 
 from pagedattn.engine.outputs import PositionLogprobs
 
@@ -20,12 +20,14 @@ from pagedattn.engine.outputs import PositionLogprobs
 _FLOOR = -9999.0
 
 
-class PromptLogprob(BaseModel):
-    """One token's entry at one prompt position (vLLM's ``Logprob``)."""
+class PromptLogprob(TypedDict):
+    """One token's entry at one prompt position (vLLM's ``Logprob``). A plain dict, not a
+    model: a long prompt has a hundred thousand of them, and dicts of plain values cost the
+    garbage collector nothing to walk."""
 
     logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
+    rank: int | None
+    decoded_token: str | None
 
 
 PromptLogprobs = list[dict[str, PromptLogprob] | None]
@@ -52,7 +54,7 @@ def prompt_logprobs_of(
         if pos is None:
             out.append(None)
             continue
-        entry = {}
+        entry: dict[str, PromptLogprob] = {}
         for tid, lp in pos.items():
             if tid != token_id and (lp.rank is None or lp.rank > num_top):
                 continue

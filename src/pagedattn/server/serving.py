@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 import pagedattn.server.protocol as p
@@ -24,6 +24,7 @@ from pagedattn.server.constraint_check import check_satisfiable
 from pagedattn.server.engine_client import EngineClient
 from pagedattn.server.engine_loop import EngineDeadError
 from pagedattn.server.errors import APIError, error_body
+from pagedattn.server.json_body import json_response
 from pagedattn.server.model_spec import ModelSpec
 from pagedattn.server.prepare import RequestPreparer
 from pagedattn.server.prepared import Prepared
@@ -81,7 +82,7 @@ class OpenAIServing:
 
     async def respond(
         self, raw: Request, req: p.CompletionRequest | p.ChatCompletionRequest
-    ) -> JSONResponse | StreamingResponse:
+    ) -> Response:
         """Run a validated request and answer it (JSON, or SSE when ``stream``)."""
         arrival_time = time.monotonic()  # TTFT and e2e latency include all queueing
         chat = isinstance(req, p.ChatCompletionRequest)
@@ -137,12 +138,13 @@ class OpenAIServing:
         _raise_failure(final)
         build = chat_response if chat else completion_response
 
-        def reply() -> JSONResponse:
+        def reply() -> Response:
             response = build(final, response_id, model_name, prepared, self.token_text)
-            return JSONResponse(p.dump(response))
+            return json_response(p.dump(response))
 
         # a reply with (prompt) logprobs of a long prompt is megabytes of JSON: built and
-        # serialised on a worker thread, so the event loop (/health, other streams) runs on
+        # serialised on a worker thread, in pieces that never hold the GIL for long, so the
+        # event loop (/health, other streams) and the engine thread run on
         return await run_in_threadpool(reply)
 
     def constrained(
@@ -176,7 +178,7 @@ class OpenAIServing:
         ids: tuple[str, str],
         model_name: str,
         arrival_time: float,
-    ) -> JSONResponse | StreamingResponse:
+    ) -> Response:
         """Answer a completions request with several prompts
         (:mod:`pagedattn.server.batch_prompts`): one engine request per prompt. ``ids``: the
         engine's request id and the response's."""
@@ -210,11 +212,11 @@ class OpenAIServing:
         for final in finals:
             _raise_failure(final)
 
-        def reply() -> JSONResponse:
+        def reply() -> Response:
             response = batch_completion_response(
                 finals, batch, response_id, model_name, self.token_text
             )
-            return JSONResponse(p.dump(response))
+            return json_response(p.dump(response))
 
         return await run_in_threadpool(reply)  # off the event loop, as a single reply
 

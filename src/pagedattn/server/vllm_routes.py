@@ -21,13 +21,13 @@ from typing import Any
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 import pagedattn.server.protocol as p
 from pagedattn.server.errors import APIError
 
-Handler = Callable[[Any, Request], Awaitable[JSONResponse | StreamingResponse]]
+Handler = Callable[[Any, Request], Awaitable[Response]]
 
 
 class ServerLoad:
@@ -40,9 +40,7 @@ class ServerLoad:
     def _done(self) -> None:
         self.value -= 1
 
-    async def track(
-        self, call: Awaitable[JSONResponse | StreamingResponse]
-    ) -> JSONResponse | StreamingResponse:
+    async def track(self, call: Awaitable[Response]) -> Response:
         """``call``'s response, counted from now until it is sent (or fails)."""
         if not self.enabled:
             return await call
@@ -89,7 +87,7 @@ def add_vllm_routes(
         return await health()
 
     @app.post("/invocations", dependencies=dependencies, response_model=None, responses=responses)
-    async def invocations(raw: Request) -> JSONResponse | StreamingResponse:
+    async def invocations(raw: Request) -> Response:
         """SageMaker's entry point: a chat completion or a completion, by the body's shape."""
         try:
             body = await raw.json()
