@@ -28,7 +28,7 @@ GROUPS = (LayerGroup(None, (5, 11, 17)), LayerGroup(512, tuple(i for i in range(
 def test_budget_shares(max_num_seqs: int, expected: tuple[int, int]) -> None:
     config = engine_config(
         None, page_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
-        speculative="none",
+        long_prefill_token_threshold=512, speculative="none",
     )  # fmt: skip
     assert config.scheduler.prefill_chunk_size == 512
     assert group_page_counts(455, GROUPS, config) == expected

@@ -28,7 +28,7 @@ def _page_layer_bytes() -> int:
 
 
 def test_stats_and_metrics_report_each_group(gemma: dict[str, Any]) -> None:
-    with _llm(gemma) as llm:
+    with _llm(gemma, long_prefill_token_threshold=2) as llm:  # prompt chunks of 2 tokens
         engine = llm.engine
         engine.add_request(_prompt(14, 30), SamplingParams(max_tokens=30, ignore_eos=True))
         for _ in range(20):
