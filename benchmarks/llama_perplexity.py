@@ -1,8 +1,10 @@
-"""Perplexity of the embedded SmolLM2 by llama.cpp's own ``llama-perplexity`` and by ``pagedattn
-eval ppl --method chunks`` in the matching mode, side by side per KV dtype.
+"""Perplexity of a model (the embedded SmolLM2 by default) by llama.cpp's own
+``llama-perplexity`` and by ``pagedattn eval ppl --method chunks`` in the matching mode, side by
+side per KV dtype.
 
     .venv/bin/python benchmarks/llama_perplexity.py --chunks 8
     .venv/bin/python benchmarks/llama_perplexity.py --llama-perplexity PATH --kv f16
+    .venv/bin/python benchmarks/llama_perplexity.py --model qwen2.5-coder-0.5b --activations float32
 
 Both sides read the same GGUF and the same text (the novel shipped in the package) and use
 llama-perplexity's method: non-overlapping chunks of ``--ctx`` tokens (512), each run from an
@@ -28,9 +30,9 @@ from pathlib import Path
 from pagedattn.bench.corpus import corpus_token_ids, default_corpus_file
 from pagedattn.eval.chunks import run_chunked_perplexity
 from pagedattn.eval.kv_pools import KV_CACHE_DTYPES
-from pagedattn.model.llama import LlamaModel
+from pagedattn.model.catalogue import resolve_model
+from pagedattn.model.decoder import DecoderModel
 from pagedattn.model.loader import load_model
-from pagedattn.model.registry import embedded_model_path
 
 DEFAULT_BINARY = shutil.which("llama-perplexity") or "llama-perplexity"
 OURS = {"f16": "float16", "q8_0": "int8", "f32": "float32"}
@@ -65,6 +67,7 @@ def main() -> None:
         type=Path,
         default=Path(os.environ.get("LLAMA_PERPLEXITY", DEFAULT_BINARY)),
     )
+    parser.add_argument("--model", default=None, help="a GGUF file or packaged model name")
     parser.add_argument("--ctx", type=int, default=512, help="llama-perplexity's -c")
     parser.add_argument("--chunks", type=int, default=8, help="chunks scored (-c tokens each)")
     parser.add_argument("--kv", default="f16,q8_0", help="llama.cpp KV types: f16, q8_0, f32")
@@ -76,10 +79,10 @@ def main() -> None:
     unknown = [k for k in kvs if k not in OURS]
     if unknown:
         parser.error(f"--kv: expected some of {', '.join(OURS)}, got {unknown}")
-    model, text = embedded_model_path(), default_corpus_file()
+    model, text = resolve_model(args.model), default_corpus_file()
     loaded = load_model(model)
     ids = corpus_token_ids(loaded.tokenizer, text, args.ctx * args.chunks)[: args.ctx * args.chunks]
-    net = LlamaModel.from_loaded(loaded, args.activations)
+    net = DecoderModel.from_loaded(loaded, args.activations)
     bos = loaded.tokenizer.bos_token_id if loaded.tokenizer.adds_bos else None
     have_binary = args.llama_perplexity.is_file()
     if not have_binary:
