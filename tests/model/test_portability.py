@@ -49,9 +49,10 @@ def host_values() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def cpu_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
-    """Each CPU's values, one subprocess per CPU (run once for the module)."""
+    """Each CPU's values, one subprocess per CPU, the CPUs side by side (run once for the
+    module: each compiles every kernel when its cache is cold)."""
     cache_dir = kernel_cache_dir("portability")
-    values = {}
+    running = {}
     for cpu in CPUS:
         target = tmp_path_factory.mktemp(cpu) / "values.npz"
         env = {
@@ -62,18 +63,28 @@ def cpu_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
             "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         }
         args = [sys.executable, "-m", "tests.model.portability_probe", str(target)]
-        done = subprocess.run(
+        process = subprocess.Popen(
             [*args, *(["--smollm2"] if HAS_SMOLLM2 else [])],
             env=env,
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=1800,
         )
-        # an LLVM abort would be rc -6 (SIGABRT) with "LLVM ERROR" on stderr
-        assert done.returncode == 0, f"{cpu}: rc {done.returncode}\n{done.stderr[-3000:]}"
-        with np.load(target) as data:
-            values[cpu] = {k: data[k] for k in data.files}
+        running[cpu] = (process, target)
+    values = {}
+    try:
+        for cpu, (process, target) in running.items():
+            _, stderr = process.communicate(timeout=1800)
+            # an LLVM abort would be rc -6 (SIGABRT) with "LLVM ERROR" on stderr
+            assert process.returncode == 0, f"{cpu}: rc {process.returncode}\n{stderr[-3000:]}"
+            with np.load(target) as data:
+                values[cpu] = {k: data[k] for k in data.files}
+    finally:
+        for process, _ in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return values
 
 
