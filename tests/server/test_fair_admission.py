@@ -1,7 +1,8 @@
 """Fair admission on the embedded SmolLM2 (``max_num_seqs`` 8): one request cannot ask for more
 sequences than the server runs (a 400 naming ``n`` / ``best_of`` / ``prompt``), the running batch
 never passes ``max_num_seqs`` whatever ``n`` asks, and a stream's longest inter-token gap while a
-request of many prompts x ``n`` runs stays within 3x its longest gap alone (same run).
+request of many prompts x ``n`` runs stays within 3x its longest gap alone (same run), or
+within a quarter of a second when the control's gaps are tens of milliseconds.
 
 ``max_num_seqs`` is 8 so that the bound measures the scheduling, not the cost of a step's rows:
 on a CPU a step of 8 decode rows costs under twice a one-row step; one of 16 already about 3x."""
@@ -21,6 +22,7 @@ from tests.server.conftest import RunningServer, serve_app
 from tests.server.test_errors import assert_error_shape
 
 MAX_NUM_SEQS = 8
+JITTER_S = 0.25  # the longest gap accepted whatever the control's (machine noise)
 
 
 @pytest.fixture(scope="module")
@@ -96,4 +98,6 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
     assert 0 < most_running <= MAX_NUM_SEQS
     _stream_gaps(srv, alone, threading.Event())  # the control again, after: the same phase
     assert len(alone) == 2 * len(loaded) == 78
-    assert max(loaded) <= 3 * max(alone), (loaded, alone)
+    # a stall is seconds (every sequence of the big request ahead of the stream); a gap of a
+    # few tens of ms more is the other work of a shared 2-core machine, not the scheduler
+    assert max(loaded) <= max(3 * max(alone), JITTER_S), (loaded, alone)
