@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.engine.prompt_ids import encode_prompt
 from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.sequence_group import SequenceGroup
@@ -52,24 +53,8 @@ class RequestBuilder:
         self.detokenize_clock = PhaseClock()
 
     def encode(self, prompt: str | SequenceABC[int]) -> list[int]:
-        """Prompt token ids (text goes through the tokenizer).
-
-        Raises:
-            ValueError: text without a tokenizer, an empty prompt, or an id outside the vocab.
-        """
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: text needs a tokenizer; pass token ids instead")
-            ids = [int(t) for t in self.tokenizer.encode(prompt)]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt: expected at least one token, got none")
-        vocab = self.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt: token ids must be in [0, {vocab}), got {bad[:5]}")
-        return ids
+        """Prompt token ids (text goes through the tokenizer): see :func:`encode_prompt`."""
+        return encode_prompt(self.tokenizer, self.vocab_size, prompt)
 
     def build(
         self,

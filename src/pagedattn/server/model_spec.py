@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import request_pages
+from pagedattn.engine.prompt_ids import encode_prompt
 
 if TYPE_CHECKING:
     from pagedattn.engine.llm_engine import LLMEngine
@@ -100,20 +101,10 @@ class ModelSpec:
         )
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Prompt token ids (text goes through the tokenizer), as the engine checks them.
+        """Prompt token ids (text goes through the tokenizer), as the engine checks them
+        (:func:`pagedattn.engine.prompt_ids.encode_prompt`).
 
         Raises:
             ValueError: text without a tokenizer, an empty prompt, or an id outside the vocab.
         """
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: text needs a tokenizer; pass token ids instead")
-            ids = [int(t) for t in self.tokenizer.encode(prompt)]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt: expected at least one token, got none")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
-        return ids
+        return encode_prompt(self.tokenizer, self.vocab_size, prompt)
