@@ -16,7 +16,11 @@ from pagedattn.server.app import build_app
 from tests.model.families import gguf_with_oracle
 from tests.server.conftest import TINY_OPTIONS, RunningServer, serve_app
 from tests.server.schemas import MAX_TOKENS, SCHEMAS
-from tests.server.test_tools import USER, WEATHER, check_calls, openai_client, tool
+from tests.server.test_tools import (
+    USER,
+    check_forced_calls,
+    openai_client,
+)
 from tests.server.tool_schemas import TOOL_SCHEMAS
 
 pytestmark = pytest.mark.hf
@@ -45,26 +49,8 @@ def _model(server: RunningServer) -> str:
 
 def test_forced_tool_calls_validate_against_their_schemas(server: RunningServer) -> None:
     client = openai_client(server.url)
-    for i, schema in enumerate(TOOL_SCHEMAS[:4]):
-        name = f"tool_{i}"
-        choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": name}}
-        out = client.chat.completions.create(
-            model=_model(server),
-            messages=USER,
-            tools=[tool("weather", WEATHER), tool(name, schema)],
-            tool_choice=choice,
-            parallel_tool_calls=False,
-            max_tokens=MAX_TOKENS,
-            temperature=1.0,
-            seed=i,
-        )
-        c = out.choices[0]
-        assert c.finish_reason == "tool_calls", (i, c)
-        assert c.message.content is None
-        (args,) = check_calls(c.message, {name: schema, "weather": WEATHER})
-        assert isinstance(args, dict)
-        if not i % 2:
-            assert [t.function.name for t in c.message.tool_calls] == [name]
+    parsed = check_forced_calls(client, _model(server), TOOL_SCHEMAS[:4], other="weather")
+    assert all(isinstance(args, dict) for args in parsed)
 
 
 def test_json_schema_output_parses_and_validates(server: RunningServer) -> None:

@@ -85,15 +85,19 @@ def check_calls(message: Any, schemas: dict[str, dict[str, Any]]) -> list[Any]:
     return out
 
 
-def test_forced_calls_validate_for_twenty_schemas(server: RunningServer) -> None:
-    client = openai_client(server.url)
-    for i, schema in enumerate(TOOL_SCHEMAS):
+def check_forced_calls(
+    client: Any, model: str, schemas: list[dict[str, Any]], other: str = "other"
+) -> list[Any]:
+    """For each schema, one forced call (named, then ``required``, alternating) beside the
+    tool ``other``: the call validates against its schema; the parsed arguments."""
+    parsed = []
+    for i, schema in enumerate(schemas):
         name = f"tool_{i}"
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": name}}
         out = client.chat.completions.create(
-            model="tiny-llama",
+            model=model,
             messages=USER,
-            tools=[tool("other", WEATHER), tool(name, schema)],
+            tools=[tool(other, WEATHER), tool(name, schema)],
             tool_choice=choice,
             parallel_tool_calls=False,
             max_tokens=MAX_TOKENS,
@@ -103,9 +107,15 @@ def test_forced_calls_validate_for_twenty_schemas(server: RunningServer) -> None
         c = out.choices[0]
         assert c.finish_reason == "tool_calls", (i, c)
         assert c.message.content is None
-        check_calls(c.message, {name: schema, "other": WEATHER})
+        (args,) = check_calls(c.message, {name: schema, other: WEATHER})
         if not i % 2:
             assert [t.function.name for t in c.message.tool_calls] == [name]
+        parsed.append(args)
+    return parsed
+
+
+def test_forced_calls_validate_for_twenty_schemas(server: RunningServer) -> None:
+    check_forced_calls(openai_client(server.url), "tiny-llama", TOOL_SCHEMAS)
 
 
 def test_parallel_tool_calls_false_makes_one_call(server: RunningServer) -> None:
