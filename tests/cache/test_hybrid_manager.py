@@ -83,19 +83,27 @@ def test_window_pages_go_to_the_prefix_cache_lru() -> None:
     m.check_integrity()
 
 
-def test_prefix_hit_needs_only_the_window_before_the_hit_point() -> None:
+def _cached_then_reclaimed(reclaims: int) -> tuple[HybridCacheManager, np.ndarray]:
+    """A 40-token prompt run and freed (its pages cached), then ``reclaims`` sliding-group
+    pages allocated and released in LRU order; the manager and the prompt."""
     m = hybrid()
     a = np.arange(100, 140)
     m.add_sequence("a")
     run(m, "a", a)
     m.free_sequence("a")
     s = sliding(m)
-    # Reclaim the 6 empty sliding pages and the 7 oldest cached ones (indices 0..6): the
-    # sliding group keeps only pages 7, 8, 9 of the prefix.
-    taken = [s.allocator.allocate() for _ in range(13)]
-    assert s.allocator.num_lru_evictions == 7
+    taken = [s.allocator.allocate() for _ in range(reclaims)]
     for page_id in taken:
         s.allocator.release(page_id)
+    return m, a
+
+
+def test_prefix_hit_needs_only_the_window_before_the_hit_point() -> None:
+    # Reclaim the 6 empty sliding pages and the 7 oldest cached ones (indices 0..6): the
+    # sliding group keeps only pages 7, 8, 9 of the prefix.
+    m, a = _cached_then_reclaimed(13)
+    s = sliding(m)
+    assert s.allocator.num_lru_evictions == 7
     prompt = np.concatenate([a, np.arange(500, 510)])
     assert m.add_sequence("b", prompt) == 40  # pages 8, 9 are all a query at 40 sees
     assert [i for i, p in enumerate(s.page_table("b")) if p != -1] == [8, 9]
@@ -107,17 +115,10 @@ def test_prefix_hit_needs_only_the_window_before_the_hit_point() -> None:
 
 
 def test_hit_shrinks_to_where_the_sliding_group_still_holds_the_window() -> None:
-    m = hybrid()
-    a = np.arange(100, 140)
-    m.add_sequence("a")
-    run(m, "a", a)
-    m.free_sequence("a")
-    s = sliding(m)
     # 6 empty pages, then the LRU order is indices 0..6 (trimmed), then 9, 8, 7 (freed last
     # page first): 14 reclaims take index 9 as well.
-    taken = [s.allocator.allocate() for _ in range(14)]
-    for page_id in taken:
-        s.allocator.release(page_id)
+    m, a = _cached_then_reclaimed(14)
+    s = sliding(m)
     prompt = np.concatenate([a, np.arange(500, 510)])
     # h = 10 pages would need 8 and 9; h = 9 (36 tokens) needs pages 7 and 8, still cached
     assert m.add_sequence("b", prompt) == 36
@@ -128,15 +129,7 @@ def test_hit_shrinks_to_where_the_sliding_group_still_holds_the_window() -> None
 
 
 def test_no_hit_when_the_sliding_group_lost_the_window() -> None:
-    m = hybrid()
-    a = np.arange(100, 140)
-    m.add_sequence("a")
-    run(m, "a", a)
-    m.free_sequence("a")
-    s = sliding(m)
-    taken = [s.allocator.allocate() for _ in range(16)]
-    for page_id in taken:
-        s.allocator.release(page_id)
+    m, a = _cached_then_reclaimed(16)
     held = m.allocator.num_free_pages
     assert m.add_sequence("b", np.concatenate([a, [7, 7, 7]])) == 0
     assert m.page_table("b") == [] and m.allocator.num_free_pages == held  # nothing taken
