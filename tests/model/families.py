@@ -24,9 +24,14 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize
 
-from tests.model.tiny import CHAT_TEMPLATE, MERGES, SPECIALS, llama_cpp_permute, tiny_tokens
+from tests.model.tiny import (
+    CHAT_TEMPLATE,
+    add_matrix,
+    add_tiny_vocab,
+    llama_cpp_permute,
+    tiny_tokens,
+)
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 WINDOW = 8  # sliding window of the families that have one: prompts run well past it
@@ -152,16 +157,7 @@ def write_gguf(
     arch = "llama" if family in ("llama", "mistral") else family
     permute = family in ("llama", "mistral") if permute is None else permute
     writer = GGUFWriter(str(path), arch)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    tokens = tiny_tokens()
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    add_tiny_vocab(writer, chat_template=chat_template)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
@@ -202,10 +198,7 @@ def write_gguf(
             w = np.concatenate([q, llama_cpp_permute(k, c.num_key_value_heads), v])
         if family == "gemma3" and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        if w.ndim == 2 and qtype != GGMLQuantizationType.F32:
-            writer.add_tensor(out, quantize(np.asarray(w, np.float32), qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(out, np.ascontiguousarray(w, dtype=np.float32))
+        add_matrix(writer, out, w, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

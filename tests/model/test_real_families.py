@@ -6,27 +6,26 @@ than 800 tokens (Gemma: past its 512-token window on five of every six layers), 
 generated token's log-probabilities within 1e-3. Token ids come from HF's tokenizer loaded from
 the same GGUF and are fed to our model directly, so this checks the forward alone.
 
-The files are looked up in ``$PAGEDATTN_MODELS`` (default ``/work/models``) under their
-published names; the tests skip when a file is absent (``pagedattn pull`` installs them).
+The files are looked up where ``pagedattn pull`` installs them (``models_dir()``) under their
+published names; the tests skip when a file is absent.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from pagedattn.model.catalogue import models_dir
 from pagedattn.model.decoder import DecoderModel
 from pagedattn.model.gguf_loader import gguf_config, gguf_weights, open_gguf
 from tests.model.conftest import hf_greedy, hf_logits
 from tests.model.paging import PagedSequences
 
 pytestmark = [pytest.mark.model, pytest.mark.hf]
-MODELS = Path(os.environ.get("PAGEDATTN_MODELS", "/work/models"))
 FILES = {
     "qwen2": (
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
@@ -43,7 +42,7 @@ TEXT = Path(__file__).parents[2] / "src" / "pagedattn" / "data" / "prideprejudic
 
 def _file(family: str) -> Path:
     name, sha = FILES[family]
-    path = MODELS / name
+    path = models_dir() / name
     if not path.is_file():
         pytest.skip(f"{path} is absent (pagedattn pull installs it)")
     digest = hashlib.sha256()

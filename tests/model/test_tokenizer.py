@@ -175,17 +175,10 @@ def write_byte_level_vocab(path: Path, architecture: str, pre: str) -> Path:
     """A GGUF holding only the tiny byte-level vocabulary, with pre-tokenizer ``pre``."""
     from gguf import GGUFWriter
 
-    from tests.model.tiny import MERGES, SPECIALS, tiny_tokens
+    from tests.model.tiny import add_tiny_vocab
 
     writer = GGUFWriter(str(path), architecture)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    tokens = tiny_tokens()
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_tiny_vocab(writer, pre=pre)
     writer.add_add_bos_token(False)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -115,6 +115,32 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{layer}.{short}"
 
 
+def add_tiny_vocab(
+    writer: GGUFWriter, *, pre: str = "smollm", chat_template: str | None = None
+) -> None:
+    """The tiny byte-level BPE vocabulary (``pre``-tokenizer ``pre``, bos 1, eos 2) and, unless
+    None (a base model's file), ``chat_template``."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    tokens = tiny_tokens()
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+def add_matrix(writer: GGUFWriter, name: str, w: np.ndarray, qtype: GGMLQuantizationType) -> None:
+    """A tensor as llama.cpp's converter stores it: 2-D ones in ``qtype`` (``gguf``'s
+    quantizer), the rest (norms, biases) float32."""
+    if w.ndim == 2 and qtype != GGMLQuantizationType.F32:
+        writer.add_tensor(name, quantize(np.asarray(w, np.float32), qtype), raw_dtype=qtype)
+    else:
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+
+
 def write_tiny_gguf(
     path: Path,
     config: ModelConfig,
@@ -133,16 +159,7 @@ def write_tiny_gguf(
     ``stored`` (HF names) replaces those weights with tensors already in the file's form and
     row order: raw blocks of the given type, or float32 arrays (type F32)."""
     writer = GGUFWriter(str(path), arch)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    tokens = tiny_tokens()
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    if chat_template is not None:  # None: a base model's file, with no template
-        writer.add_chat_template(chat_template)
+    add_tiny_vocab(writer, chat_template=chat_template)
     write_tensors(
         writer,
         config,
@@ -208,10 +225,7 @@ def write_tensors(
             w = llama_cpp_permute(w, config.num_heads)
         elif name.endswith("k_proj.weight"):
             w = llama_cpp_permute(w, config.num_kv_heads)
-        if w.ndim == 2 and qtype != GGMLQuantizationType.F32:
-            writer.add_tensor(_gguf_name(name), quantize(w, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(_gguf_name(name), np.ascontiguousarray(w, dtype=np.float32))
+        add_matrix(writer, _gguf_name(name), w, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
