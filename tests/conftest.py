@@ -1,11 +1,16 @@
-"""Shared test configuration: hypothesis profiles (CI runs the `ci` profile), and the modules
-that compile kernels for other CPUs or into an empty cache collected first, so that with
-``pytest -n`` their minutes of compiling start at once, beside everything else, instead of
-ending the run on one worker."""
+"""Shared test configuration: hypothesis profiles (CI runs the `ci` profile), and the order in
+which ``pytest -n`` hands modules to its workers: the modules that compile kernels for other
+CPUs or into an empty cache first (their minutes of compiling start at once, beside
+everything else), then the others longest first (``module_seconds.json``, the seconds each
+took in a full run), so that no long module starts last and ends the run on one worker.
+``python -m tests.module_seconds JUNIT.xml`` records those seconds again from a run's
+``--junitxml`` report."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,6 +21,11 @@ COMPILING_MODULES = (
     "tests/model/test_int8_paths.py",
     "tests/engine/test_compile_helper.py",
     "tests/engine/test_cached_kernels.py",
+)
+
+#: test module -> seconds it took in a full run (modules under a few seconds are not listed)
+MODULE_SECONDS: dict[str, float] = json.loads(
+    (Path(__file__).with_name("module_seconds.json")).read_text(encoding="utf-8")
 )
 
 settings.register_profile(
@@ -32,13 +42,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The compiling modules first, in :data:`COMPILING_MODULES` order; the rest as collected
-    (a stable sort: the same order in every xdist worker)."""
+    """The compiling modules first, in :data:`COMPILING_MODULES` order, then the rest longest
+    first by :data:`MODULE_SECONDS` (a stable sort: the same order in every xdist worker)."""
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, float]:
         path = item.nodeid.split("::", 1)[0]
         if path in COMPILING_MODULES:
-            return COMPILING_MODULES.index(path)
-        return len(COMPILING_MODULES)
+            return COMPILING_MODULES.index(path), 0.0
+        return len(COMPILING_MODULES), -MODULE_SECONDS.get(path, 0.0)
 
     items.sort(key=rank)
