@@ -1,14 +1,15 @@
 """What the CPU-portability tests compare across the CPUs Numba compiles for.
 
-``python -m tests.model.portability_probe OUT.npz [--smollm2]`` computes, on the CPU named by
-``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` (the host's without them), every output below and
-saves them to ``OUT.npz`` (plain arrays, no pickle); the tests call :func:`collect` in their own
-process for the host's values. Everything the exact float path computes is here: the block
+``python -m tests.model.portability_probe OUT.npz [--smollm2] [--int8-cli]`` computes, on the
+CPU named by ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` (the host's without them), every output
+below and saves them to ``OUT.npz`` (plain arrays, no pickle); the tests call :func:`collect` in
+their own process for the host's values. Everything the exact float path computes is here: the block
 matmuls of every kind and row count, the float matmuls, the row ops, paged attention over
 float32 and float16 pools, a tiny Llama (float and Q4_0 / Q8_0 weights) decoded greedily
 through the fused and the step-by-step decode, and, with ``--smollm2``, the embedded model.
-Besides the arrays, ``int8_error`` holds what ``pagedattn generate --activations int8`` printed
-(and its exit code) on this CPU.
+With ``--int8-cli`` (for a CPU without AVX2), ``int8_output`` also holds what ``pagedattn
+generate --activations int8`` printed on this CPU, and ``int8_exit_code`` its exit code (on a CPU
+with AVX2 the int8 kernels' bits are checked per path by ``tests/model/test_int8_paths.py``).
 """
 
 from __future__ import annotations
@@ -145,10 +146,11 @@ def collect(smollm2: bool) -> dict[str, np.ndarray]:
 def main() -> None:
     target = Path(sys.argv[1])
     out = collect("--smollm2" in sys.argv)
-    with tempfile.TemporaryDirectory() as folder:
-        code, text = int8_cli(Path(folder))
-    out["int8_exit_code"] = np.array(code)
-    out["int8_output"] = np.frombuffer(text.encode(), np.uint8)
+    if "--int8-cli" in sys.argv:
+        with tempfile.TemporaryDirectory() as folder:
+            code, text = int8_cli(Path(folder))
+        out["int8_exit_code"] = np.array(code)
+        out["int8_output"] = np.frombuffer(text.encode(), np.uint8)
     np.savez(target, **out)
 
 
