@@ -6,10 +6,11 @@ each pays its wrapper's checks, a NumPy allocation and a Numba dispatch (~4-15 u
 whole layer (RMSNorm, q|k|v, RoPE, write_kv, paged decode attention, o, RMSNorm, gate|up,
 SwiGLU, down, both residual adds) in one call on arguments the caller validated once per step,
 with the family's optional parts (:mod:`pagedattn.model.architecture`: q/k/v bias, per-head
-q/k RMSNorm, the attention and MLP output norms, tanh-GELU) passed as arrays or None: Numba
-compiles one specialization per combination and prunes the absent parts, so a Llama layer
-runs the same code as before they existed. The layer's sliding window and attention scale come
-with its decode plan, its RoPE tables with ``cos`` / ``sin``.
+q/k RMSNorm, the attention and MLP output norms, tanh-GELU) passed as arrays, empty where a
+family has none, and a flag: a branch per layer picks them at run time, so one compiled layer
+serves every family (a specialization per family would cost a compile of a minute each). The
+layer's sliding window and attention scale come with its decode plan, its RoPE tables with
+``cos`` / ``sin``.
 
 It calls the very kernels the step-by-step path calls, in the same order, on the same values
 (:func:`~pagedattn.model.block_dot.qmatmul_blocks` with the same parts and launch, or the
@@ -175,8 +176,9 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     this layer's (num_pages, nkv, page_size, D) pool (float32, float16 bits, or int8 D + 4
     wide); tables, ctx, splits, num_splits, scale, window, num_sink: the step's validated
     decode plan (one sequence per row, no sink re-rotation); qkv_bias ((nh + 2 nkv) * D,),
-    q_norm, k_norm (D,), post_attn_norm, post_mlp_norm (H,): float32 or None where the family
-    has none; gelu: None (SwiGLU) or True (tanh-GELU GLU).
+    q_norm, k_norm (D,), post_attn_norm, post_mlp_norm (H,): float32, empty where the family
+    has none (runtime branches, so one compiled layer serves every family); gelu: False
+    (SwiGLU) or True (tanh-GELU GLU).
     """
     rows, hidden = x.shape
     num_kv = k_cache.shape[1]
@@ -187,17 +189,17 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
     _project(h, int8, 0, bq, bk, bv, qkv_kinds, 3, qkv)
-    if qkv_bias is not None:
+    if qkv_bias.shape[0] > 0:
         for r in range(rows):
             qkv[r] += qkv_bias
     q = np.ascontiguousarray(qkv[:, :q_width]).reshape((rows, num_heads, head_dim))
     k = np.ascontiguousarray(qkv[:, q_width : q_width + kv_width])
     v = np.ascontiguousarray(qkv[:, q_width + kv_width :]).reshape((rows, num_kv, head_dim))
-    if q_norm is not None:
+    if q_norm.shape[0] > 0:
         qn = np.empty((rows * num_heads, head_dim), np.float32)
         rms_norm_serial(q.reshape((rows * num_heads, head_dim)), q_norm, eps, qn)
         q = qn.reshape((rows, num_heads, head_dim))
-    if k_norm is not None:
+    if k_norm.shape[0] > 0:
         kn = np.empty((rows * num_kv, head_dim), np.float32)
         rms_norm_serial(k.reshape((rows * num_kv, head_dim)), k_norm, eps, kn)
         k = kn.reshape((rows, kv_width))
@@ -212,7 +214,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     o = np.empty((rows, hidden), np.float32)
     o_kinds = (o_kind, o_kind, o_kind)
     _project(attn.reshape((rows, q_width)), int8, 3, bo, bo, bo, o_kinds, 1, o)
-    if post_attn_norm is not None:
+    if post_attn_norm.shape[0] > 0:
         on = np.empty((rows, hidden), np.float32)
         rms_norm_serial(o, post_attn_norm, eps, on)
         x += on
@@ -224,13 +226,13 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
     _project(h, int8, 4, bg, bu, bu, kind3, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
-    if gelu is None:
-        silu_mul_serial(gate_up, act)
-    else:
+    if gelu:
         gelu_mul_serial(gate_up, act)
+    else:
+        silu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
     _project(act, int8, 6, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
-    if post_mlp_norm is not None:
+    if post_mlp_norm.shape[0] > 0:
         dn = np.empty((rows, hidden), np.float32)
         rms_norm_serial(down, post_mlp_norm, eps, dn)
         x += dn

@@ -149,8 +149,10 @@ class DecoderModel:
         self._glu = ACTIVATION_KERNELS[arch.activation]
         fused = [layer.fused_args() for layer in self.layers]
         self._fused: list[tuple[object, ...]] | None = None
+        self._fused_extras: list[tuple[np.ndarray, ...]] = []
         if fused_decode and all(f is not None for f in fused):
             self._fused = [f for f in fused if f is not None]
+            self._fused_extras = [layer.fused_extras() for layer in self.layers]
         # int8 activations: each matrix's path, as qmatmul chooses it (int8 for Q4_0 / Q4_1 /
         # Q8_0, exact for the other types); None: the exact specialization of the fused layer
         self._int8_flags = [
@@ -332,7 +334,7 @@ class DecoderModel:
         group's slots and page tables."""
         c = self.config
         eps = np.float32(c.rms_norm_eps)
-        gelu = True if self.arch.activation == "gelu_tanh" else None
+        gelu = self.arch.activation == "gelu_tanh"
         pool = kernel_cache(kv)  # float16 pools as their uint16 bits
         for li, weights in enumerate(self._fused or ()):
             g = batch.group_of(li)
@@ -343,5 +345,5 @@ class DecoderModel:
                 x, eps, *weights, self._int8_flags[li], c.num_heads, cos, sin, slots.keep,
                 slots.pages, slots.offsets, pool[li, 0], pool[li, 1], plan.tables, plan.ctx,
                 plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
-                *self.layers[li].fused_extras(), gelu,
+                *self._fused_extras[li], gelu,
             )  # fmt: skip

@@ -11,6 +11,8 @@ import numpy as np
 from pagedattn.model.architecture import Architecture
 from pagedattn.model.quantized import BlockQuantized, Matrix
 
+_NONE = np.zeros(0, np.float32)  # a family's absent optional tensor, to the fused layer
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -64,10 +66,12 @@ class LayerWeights:
         f = [isinstance(m, BlockQuantized) and m.int8_capable for m in mats]
         return (f[0], f[1], f[2], f[3], f[4], f[5], f[6])
 
-    def fused_extras(self) -> tuple[np.ndarray | None, ...]:
-        """The family's optional tensors as the fused layer takes them (None where absent, which
-        the compiled layer specializes away): qkv bias, q/k norms, the two output norms."""
-        return (self.qkv_bias, self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
+    def fused_extras(self) -> tuple[np.ndarray, ...]:
+        """The family's optional tensors as the fused layer takes them: qkv bias, q/k norms,
+        the two output norms, each a writable float32 vector, empty where the family has none
+        (one compiled layer serves every family: a None would compile a layer per family)."""
+        extras = (self.qkv_bias, self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
+        return tuple(_NONE if e is None else np.array(e, np.float32) for e in extras)
 
     @classmethod
     def from_stored(
