@@ -1,7 +1,7 @@
 """The whole engine on every available backend with the tiny random model: logits within 1e-4
 of the NumPy backend (the tolerance table in DESIGN.md) and equal greedy tokens, through
-chunked prefill mixed with decode, prefix caching, preemption by recompute, n > 1 forks
-(copy_pages) and sliding window + sinks in both position modes."""
+chunked prefill mixed with decode, prefix caching, preemption by recompute, n > 1 child
+requests sharing the prompt's pages and sliding window + sinks in both position modes."""
 
 from __future__ import annotations
 
@@ -79,22 +79,15 @@ def test_preemption_recomputes_to_the_same_tokens(backend: BackendSpec) -> None:
     assert_all_pages_free(engine)
 
 
-def test_n_forks_copy_the_partial_page_and_equal_solo_seeded_runs(backend: BackendSpec) -> None:
-    prompt = PROMPTS[1]  # 13 tokens: the fork copies its partially filled 4th page
+def test_n_children_hit_the_prompt_pages_and_equal_solo_seeded_runs(backend: BackendSpec) -> None:
+    prompt = PROMPTS[1]  # 13 tokens: children 1, 2 hit 3 full pages, compute the 4th
     params = SamplingParams(n=3, temperature=0.9, seed=21, max_tokens=10, ignore_eos=True)
     engine = engine_on(backend, tiny_on(backend), page_size=4, num_pages=128)
-    copies: list[tuple[int, int]] = []
-    pool_copy = engine.scheduler.copy_pages
-    assert pool_copy is not None
-
-    def spy(pairs):  # type: ignore[no-untyped-def]
-        pairs = list(pairs)
-        copies.extend(pairs)
-        pool_copy(pairs)
-
-    engine.scheduler.copy_pages = spy
-    out = drain(engine, {0: [("f", prompt, params)]})["f"]
-    assert copies, "the fork copied no page"
+    engine.add_request(prompt, params, request_id="f")
+    out = list(engine.step()) + list(engine.step())
+    cached = {rid: n for rid, _, n in engine.kv_snapshot()["sequences"]}
+    assert cached == {"0_f": 0, "1_f": 12, "2_f": 12}
+    out += drain(engine)["f"]
     by_index: dict[int, list[int]] = {}
     for o in out:
         for c in o.outputs:

@@ -1,5 +1,5 @@
 """HybridCacheManager: per-group page tables, window trimming of the sliding group, prefix hits
-under the sliding rule, atomic reservations, forks; layer groups from per-layer windows."""
+under the sliding rule, atomic reservations; layer groups from per-layer windows."""
 
 from __future__ import annotations
 
@@ -148,26 +148,9 @@ def test_a_reservation_the_sliding_group_cannot_hold_changes_no_group() -> None:
     assert m.can_append("a", 8)
 
 
-def test_fork_copies_each_groups_partial_page_in_global_ids() -> None:
-    m = hybrid(full=16, sliding=16)
-    m.add_sequence("p")
-    run(m, "p", np.arange(30), chunk=30)
-    copies = m.fork("p", "c")
-    full_src, slide_src = m.page_table("p")[-1], sliding(m).page_table("p")[-1]
-    assert copies == [
-        (full_src, m.page_table("c")[-1]),
-        (slide_src + 16, sliding(m).page_table("c")[-1] + 16),
-    ]
-    m.check_integrity()
-    m.free_sequence("p")
-    m.free_sequence("c")
-    assert m.group_resident_pages() == (0, 0)
-    m.check_integrity()
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_random_workload_keeps_every_groups_invariants(seed: int) -> None:
-    """Admissions with shared prefixes, chunks, forks, take-backs and frees on small pools
+    """Admissions with shared prefixes, chunks, take-backs and frees on small pools
     (so reservations fail and pages are reclaimed): every group stays consistent, a failed
     reservation changes nothing, and every page comes back."""
     rng = np.random.default_rng(seed)
@@ -176,7 +159,7 @@ def test_random_workload_keeps_every_groups_invariants(seed: int) -> None:
     live: list[int] = []
     next_id = hits = 0
     for _ in range(300):
-        op = rng.integers(0, 5)
+        op = rng.integers(0, 4)
         if op == 0 or not live:
             prompt = np.concatenate([base[: rng.integers(0, 64)], rng.integers(0, 50, 6)])
             hit = m.add_sequence(next_id, prompt)
@@ -210,16 +193,6 @@ def test_random_workload_keeps_every_groups_invariants(seed: int) -> None:
                     m.unreserve(seq, before[0])
                 else:
                     m.commit_written(seq)
-        elif op == 3:
-            parent = live[rng.integers(len(live))]
-            try:
-                m.fork(parent, next_id)
-            except OutOfPagesError:
-                assert next_id not in m and next_id not in sliding(m)
-            else:
-                m.commit_written(next_id)
-                live.append(next_id)
-                next_id += 1
         else:
             m.free_sequence(live.pop(int(rng.integers(len(live)))))
         m.check_integrity()

@@ -1,4 +1,4 @@
-"""CacheManager: page arithmetic, slot mapping, prefix sharing, fork, window/sinks, policies."""
+"""CacheManager: page arithmetic, slot mapping, prefix sharing, window/sinks, policies."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from pagedattn.cache import CacheManager, OutOfPagesError, hashing
-from pagedattn.cache.page_pool import PagePool
 
 NS = b"manager-test"
 
@@ -102,30 +101,6 @@ def test_forced_collision_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     write(m, "a", [1, 2, 3, 4, 0])
     assert m.add_sequence("b", [5, 6, 7, 8, 0]) == 0  # same digest, different tokens
     assert m.add_sequence("c", [1, 2, 3, 4, 0]) == 4
-    m.check_integrity()
-
-
-def test_fork_shares_full_pages_and_copies_partial_page() -> None:
-    pool = PagePool(1, 6, 1, 4, 2)
-    m = CacheManager(6, 4, NS)
-    m.add_sequence("p")
-    slots = write(m, "p", list(range(6)))
-    pool.k_cache(0).reshape(-1, 2)[slots] = np.arange(6, dtype=np.float32)[:, None]
-    copies = m.fork("p", "c")
-    parent, child = m.page_table("p"), m.page_table("c")
-    assert child[0] == parent[0] and child[1] != parent[1]
-    assert copies == [(parent[1], child[1])]
-    assert m.allocator.refcount(parent[0]) == 2 and m.allocator.refcount(child[1]) == 1
-    pool.copy_pages(copies)
-    child_slot = write(m, "c", [99])[0]
-    parent_slot = write(m, "p", [98])[0]
-    assert child_slot // 4 == child[1] and parent_slot // 4 == parent[1]
-    np.testing.assert_array_equal(pool.k_cache(0)[child[1], 0, :2, 0], [4.0, 5.0])
-    assert m.fork("p", "d") == [(parent[1], m.page_table("d")[1])]
-    m.free_sequence("p")
-    m.free_sequence("c")
-    m.free_sequence("d")
-    assert m.num_free_pages == 6
     m.check_integrity()
 
 

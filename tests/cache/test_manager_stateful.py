@@ -1,7 +1,7 @@
 """Hypothesis state machine over CacheManager: every operation keeps every invariant.
 
 A shadow KV pool stores each token's id at its slot, so the test also proves that every
-resident entry of every page table (prefix hits and forks included) holds exactly that
+resident entry of every page table (prefix hits included) holds exactly that
 sequence's tokens: no aliasing, no stale page served.
 """
 
@@ -70,18 +70,6 @@ class CacheMachine(RuleBasedStateMachine):
     def append(self, data: st.DataObject, new: list[int]) -> None:
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
         self._write(seq, new)
-
-    @precondition(lambda self: self.tokens)
-    @rule(data=st.data())
-    def fork(self, data: st.DataObject) -> None:
-        parent = data.draw(st.sampled_from(sorted(self.tokens)))
-        child, self.next_id = self.next_id, self.next_id + 1
-        try:
-            copies = self.m.fork(parent, child)
-        except OutOfPagesError:
-            return
-        self.pool.copy_pages(copies)
-        self.tokens[child] = list(self.tokens[parent])
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

@@ -1,5 +1,6 @@
 """The guided-decoding logits processor on the tiny tokenizer: its masks against a mask
-derived by hand from the vocabulary, and its state under forked / rolled-back histories."""
+derived by hand from the vocabulary, and its state under diverging (n > 1 children) and
+rolled-back histories."""
 
 from __future__ import annotations
 

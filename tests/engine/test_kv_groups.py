@@ -1,15 +1,11 @@
-"""The engine's layer-group setup: how a budget is shared between the groups, and fork copies
-that touch only a page's own group's layers."""
+"""The engine's layer-group setup: how a budget is shared between the groups."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from pagedattn.cache import PagePool
-from pagedattn.cache.hybrid_manager import HybridCacheManager
-from pagedattn.cache.layer_groups import LayerGroup, group_of_layers
-from pagedattn.engine.kv_groups import KVLayout, group_page_counts, page_copier
+from pagedattn.cache.layer_groups import LayerGroup
+from pagedattn.engine.kv_groups import group_page_counts
 from pagedattn.engine.llm import engine_config
 
 GROUPS = (LayerGroup(None, (5, 11, 17)), LayerGroup(512, tuple(i for i in range(18) if i % 6 != 5)))
@@ -32,20 +28,3 @@ def test_budget_shares(max_num_seqs: int, expected: tuple[int, int]) -> None:
     )  # fmt: skip
     assert config.scheduler.prefill_chunk_size == 512
     assert group_page_counts(455, GROUPS, config) == expected
-
-
-def test_fork_copies_touch_only_the_pages_own_group() -> None:
-    groups = (LayerGroup(None, (2,)), LayerGroup(8, (0, 1)))
-    pool = PagePool(3, 8, 1, 4, 4)
-    manager = HybridCacheManager(groups, (4, 4), 4, b"ns")
-    layout = KVLayout(manager, 8, group_of_layers(groups, 3), groups)
-    pool.kv[...] = np.random.default_rng(0).standard_normal(pool.kv.shape)
-    before = pool.kv.copy()
-    copy = page_copier(layout, pool)
-    copy([(1, 2), (5, 6)])
-    want = before.copy()
-    want[2, :, 2] = before[2, :, 1]  # the full group's page 1 -> 2, its layer only
-    want[:2, :, 6] = before[:2, :, 5]  # the sliding group's page 5 -> 6, its layers only
-    np.testing.assert_array_equal(pool.kv, want)
-    with pytest.raises(ValueError, match="not two of one group"):
-        copy([(1, 5)])

@@ -14,7 +14,7 @@ from pagedattn.engine.step_output import StepOutput
 from pagedattn.sampling_params import SamplingParams
 
 
-def test_the_plan_lays_out_prompt_sample_and_fork_rows_and_they_stay_as_sampled() -> None:
+def test_the_plan_lays_out_prompt_and_sample_rows_and_they_stay_as_sampled() -> None:
     engine = make_engine(
         tiny_model(),
         page_size=4,
@@ -31,25 +31,26 @@ def test_the_plan_lays_out_prompt_sample_and_fork_rows_and_they_stay_as_sampled(
     # a: prompt rows for positions 0..8 (each scores the next prompt token), sample row 9
     assert (ra.request_id, ra.rows.prompt, ra.rows.sample) == ("a", range(0, 9), 9)
     assert ra.prompt_first == 1 and ra.prompt_targets == tuple(range(4, 13))
-    # b: its last prompt token (fed token 10 + 4) is row 10, sampled for 3 completions
-    assert (rb.request_id, rb.rows.prompt, rb.rows.sample) == ("b", range(0), 10)
-    assert [c.index for c in rb.completions] == [0, 1, 2]
+    # b: child 0 alone (its siblings wait for its prompt pages); its last prompt token (fed
+    # token 10 + 4) is row 10
+    assert (rb.request_id, rb.rows.prompt, rb.rows.sample) == ("0_b", range(0), 10)
+    assert rb.sampling is not None and rb.sampling.params.seed == 5 and ra.sampling is not None
     assert plan.logits_indices.tolist() == [*range(10), 14]
-    assert plan.num_sampled == 1 + 3
+    assert plan.num_sampled == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         ra.start = 3  # type: ignore[misc]
 
     out = engine.runner.run(plan)
-    assert set(out.requests) == {"a", "b"}
-    assert sorted(out.requests["b"].samples) == [0, 1, 2]
+    assert set(out.requests) == {"a", "0_b"}
+    assert out.requests["0_b"].sample is not None
     lp = out.requests["a"].prompt_logprobs
     assert lp is not None and lp[0] == 1 and len(lp[1]) == 9
     engine.scheduler.postprocess(plan, out)
-    # applying the output (the fork included) leaves the plan describing what was sampled
-    assert plan.num_sampled == out.num_sampled == 4
-    assert [c.index for c in plan.requests[1].completions] == [0, 1, 2]
-    seqs = engine.scheduler.queues.requests["b"].seqs
-    assert [s.num_generated_tokens for s in seqs] == [1, 1, 1]
+    # applying the output leaves the plan describing what was sampled
+    assert plan.num_sampled == out.num_sampled == 2
+    assert rb.sampling.output_token_ids == ()
+    seqs = [engine.scheduler.get(f"{i}_b") for i in range(3)]
+    assert [s.num_generated_tokens for s in seqs if s is not None] == [1, 0, 0]
     assert engine.scheduler.get("a").num_computed_tokens == 10  # type: ignore[union-attr]
     drain(engine)
     assert_all_pages_free(engine)
@@ -57,11 +58,11 @@ def test_the_plan_lays_out_prompt_sample_and_fork_rows_and_they_stay_as_sampled(
 
 def test_an_output_missing_a_planned_sample_is_refused_before_anything_is_applied() -> None:
     engine = make_engine(tiny_model(), page_size=4, num_pages=64)
-    engine.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3, seed=1), request_id="r")
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, seed=1), request_id="r")
     plan = engine.scheduler.schedule()
     out = engine.runner.run(plan)
-    del out.requests["r"].samples[1]
-    with pytest.raises(ValueError, match="completion"):
+    out.requests["r"].sample = None
+    with pytest.raises(ValueError, match="no sampled token"):
         engine.scheduler.postprocess(plan, out)
     with pytest.raises(ValueError, match="missing"):
         engine.scheduler.postprocess(plan, StepOutput())
@@ -84,7 +85,7 @@ def test_a_mid_prompt_chunk_samples_nothing_and_keeps_its_progress_until_applied
     seq = engine.scheduler.get("r")
     assert seq is not None and seq.num_computed_tokens == 0
     out = engine.runner.run(plan)
-    assert out.requests["r"].samples == {}
+    assert out.requests["r"].sample is None
     engine.scheduler.postprocess(plan, out)
     assert seq.num_computed_tokens == 8
     assert np.array_equal(plan.requests[0].positions, np.arange(8))

@@ -1,6 +1,6 @@
 """Every phase of a step commits or rolls back: a schedule that raises leaves every sequence
 and page as before it (the next steps run as if nothing happened), and a failure in one
-request's postprocess (its fork's page copy) ends that request alone. Oracles: engines that
+request's postprocess (a child request's commit) ends that request alone. Oracles: engines that
 never saw a fault."""
 
 from __future__ import annotations
@@ -60,21 +60,28 @@ def test_a_schedule_that_raises_gives_back_every_reservation(
     assert_all_pages_free(engine)
 
 
-def test_a_fork_copy_that_raises_fails_only_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_commit_that_raises_fails_only_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = make_engine(MODEL, **OPTIONS)
+    manager = engine.cache_manager
+    real_commit = manager.commit_written
 
-    def copy_pages(pairs: Any) -> None:
-        raise MemoryError("injected: the page copy failed")
+    def commit_written(seq_id: Any, num_tokens: int) -> None:
+        child = engine.scheduler.get("1_f")
+        if child is not None and child.seq_id == seq_id:
+            raise MemoryError("injected: the commit failed")
+        real_commit(seq_id, num_tokens)
 
-    monkeypatch.setattr(engine.scheduler, "copy_pages", copy_pages)
+    monkeypatch.setattr(manager, "commit_written", commit_written)
     params = SamplingParams(n=3, temperature=0.9, seed=5, max_tokens=6, ignore_eos=True)
     arrivals = {0: [("f", PROMPTS[1], params), ("a", PROMPTS[0], GREEDY)]}
     arrivals[1] = [("b", PROMPTS[2], GREEDY)]
     outs = drain(engine, arrivals)
     final = outs["f"][-1]
     assert final.finished and "MemoryError" in (final.error or "")
-    assert {c.finish_reason for o in outs["f"] for c in o.outputs} == {"error"}
+    last = {c.index: c.finish_reason for o in outs["f"] for c in o.outputs}
+    assert last == {0: "error", 1: "error", 2: "error"}
     assert tokens(outs["a"]) == fresh(PROMPTS[0]) and outs["a"][-1].error is None
     assert tokens(outs["b"]) == fresh(PROMPTS[2]) and outs["b"][-1].error is None
-    assert engine.get_stats()["num_finished"] == {"error": 1, "length": 2}
+    # counted per child request: f's three children, then a and b
+    assert engine.get_stats()["num_finished"] == {"error": 3, "length": 2}
     assert_all_pages_free(engine)

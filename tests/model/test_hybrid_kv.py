@@ -120,7 +120,7 @@ def test_conversation_turns_reuse_both_groups(gemma: dict[str, Any]) -> None:
     assert [c for c, _ in results[False]] == [0, 0, 0]
 
 
-def test_forks_and_preemption_equal_the_every_layer_cache(gemma: dict[str, Any]) -> None:
+def test_n2_children_and_preemption_equal_the_every_layer_cache(gemma: dict[str, Any]) -> None:
     prompts = [_prompt(9 + i, 30) for i in range(3)]
     params = [
         SamplingParams(temperature=0.8, seed=i, n=2, max_tokens=20, ignore_eos=True)
@@ -134,7 +134,7 @@ def test_forks_and_preemption_equal_the_every_layer_cache(gemma: dict[str, Any])
             runs[disable] = [[list(c.token_ids) for c in o.outputs] for o in outs]
             assert llm.engine.scheduler.stats.num_preemptions > 0
             llm.engine.cache_manager.check_integrity()
-            if not disable:  # a group's layers wrote only its own page ids (forks included)
+            if not disable:  # a group's layers wrote only its own page ids (children included)
                 cache, kv = llm.engine.cache_manager, llm.engine.page_pool.kv
                 assert isinstance(cache, HybridCacheManager)
                 for group, base, n in zip(

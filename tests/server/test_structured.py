@@ -167,8 +167,8 @@ def test_whitespace_pattern_is_honoured(client: Any) -> None:
     assert " " not in outside_strings  # the default layout would put ": " and ", " there
 
 
-def test_forked_choices_each_follow_the_grammar(client: Any) -> None:
-    # n > 1 forks one prefill; the children share one processor, which must follow each
+def test_n_choices_each_follow_the_grammar(client: Any) -> None:
+    # n > 1 runs child requests that share one processor, which must follow each
     # child's own tokens (rollback to the common prefix) rather than mix them
     schema = SCHEMAS[4]
     out = client.completions.create(

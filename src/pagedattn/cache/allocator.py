@@ -124,7 +124,7 @@ class PageAllocator:
         return page_id
 
     def touch(self, page_id: int) -> None:
-        """Add one reference (prefix hit or fork). A free cached page leaves the queue in O(1).
+        """Add one reference (a prefix hit). A free cached page leaves the queue in O(1).
 
         Raises:
             ValueError: ``page_id`` is free and holds no cached prefix (nothing to share).

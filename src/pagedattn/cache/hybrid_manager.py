@@ -221,21 +221,6 @@ class HybridCacheManager(CacheManager):
         for m in self.group_managers:
             CacheManager.unreserve(m, seq_id, num_tokens)
 
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
-        """Fork in every group; returns every group's page copies in global page ids."""
-        copies: list[tuple[int, int]] = []
-        done: list[CacheManager] = []
-        try:
-            for base, m in zip(self.bases, self.group_managers, strict=True):
-                pairs = CacheManager.fork(m, parent_id, child_id)
-                done.append(m)
-                copies.extend((src + base, dst + base) for src, dst in pairs)
-        except BaseException:
-            for m in done:
-                CacheManager.free_sequence(m, child_id)
-            raise
-        return copies
-
     def free_sequence(self, seq_id: Hashable) -> None:
         """Release the sequence's pages in every group."""
         for m in self.group_managers:

@@ -2,8 +2,7 @@
 
 The engine-facing half of the paged KV cache (vLLM v1 ``KVCacheManager``, Kwon et al.,
 "Efficient Memory Management for LLM Serving with PagedAttention", SOSP 2023). It never touches
-KV data: it returns slot mappings and page tables for the kernels, and fork returns the page
-copies the caller applies at once with :meth:`PagePool.copy_pages`.
+KV data: it returns slot mappings and page tables for the kernels.
 
 Reserved is not written (:mod:`.reservations`): a page registered by ``append_slots`` is
 marked written by ``commit_written`` once the forward that wrote it succeeded. Pages leave
@@ -270,28 +269,6 @@ class CacheManager(SequenceTables):
             self._get(seq_id), num_tokens, self.allocator, self.page_size,
             self.enable_prefix_caching,
         )  # fmt: skip
-
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> list[tuple[int, int]]:
-        """Create ``child_id`` sharing the parent's full pages; its partial last page is copied.
-
-        Returns:
-            ``[(src_page, dst_page)]`` page copies the caller must apply to the KV storage
-            (:meth:`PagePool.copy_pages`) at once, before any page can be freed or allocated
-            again (the source is the parent's, the destination the child's alone); empty
-            when the parent's last page is full.
-
-        Raises:
-            KeyError: unknown parent. ValueError: child_id in use.
-            OutOfPagesError: no page for the copy.
-        """
-        parent = self._get(parent_id)
-        if child_id in self._seqs:
-            raise ValueError(f"sequence {child_id!r} already exists")
-        partial = parent.num_tokens % self.page_size != 0
-        self.eviction.make_room(int(partial), self._seqs, writer=parent_id)
-        child, copies = parent.fork(self.allocator, self.page_size, self.eviction.reclaim)
-        self._seqs[child_id] = child
-        return copies
 
     def free_sequence(self, seq_id: Hashable) -> None:
         """Release each of the sequence's pages once (last page first, so a prefix's tail is

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import mmap
 import sys
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -174,21 +173,6 @@ class PagePool:
             from pagedattn.backends.arrays import to_backend  # torch / cupy extras only
 
             self.kv[:, :, page_id] = to_backend(kv, self.backend)
-
-    def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
-        """Copy every layer's K and V of page ``src`` to page ``dst`` for each ``(src, dst)``.
-
-        Used after :meth:`CacheManager.fork`, which returns the pairs to copy.
-
-        Raises:
-            ValueError: a page id out of range, or src == dst.
-        """
-        for src, dst in pairs:
-            self._check_page(src)
-            self._check_page(dst)
-            if src == dst:
-                raise ValueError(f"copy_pages: src and dst are the same page {src}")
-            self.kv[:, :, dst] = self.kv[:, :, src]
 
     def _check_page(self, page_id: int) -> None:
         if not 0 <= page_id < self.num_pages:

@@ -75,43 +75,6 @@ class SequencePages:
         """New pages that appending ``num_new_tokens`` tokens allocates."""
         return -(-(self.num_tokens + num_new_tokens) // page_size) - len(self.page_table)
 
-    def copy(self) -> SequencePages:
-        return SequencePages(
-            list(self.page_table),
-            self.num_tokens,
-            self.num_written_tokens,
-            list(self.token_ids),
-            list(self.page_hashes),
-            list(self.serials),
-            self.trimmed_upto,
-            self.lossy,
-        )
-
-    def fork(
-        self, allocator: PageAllocator, page_size: int, reclaim: bool
-    ) -> tuple[SequencePages, list[tuple[int, int]]]:
-        """A child table sharing this one's full pages (each touched: one more reference) and
-        holding a fresh copy of a partially filled last page.
-
-        Returns:
-            The child and its ``[(src_page, dst_page)]`` page copy (empty when the last page
-            is full).
-
-        Raises:
-            OutOfPagesError: no page for the copy (nothing changed).
-        """
-        partial = self.num_tokens % page_size != 0
-        child = self.copy()
-        copies: list[tuple[int, int]] = []
-        if partial:
-            dst = allocator.allocate(reclaim_cached=reclaim)
-            copies.append((child.page_table[-1], dst))
-            child.page_table[-1] = dst
-        for page_id in child.page_table[: len(child.page_table) - int(partial)]:
-            if page_id != -1:
-                allocator.touch(page_id)
-        return child, copies
-
     def window_trim_range(
         self, query_pos: int, sliding_window: int | None, num_sink_pages: int, page_size: int
     ) -> range:

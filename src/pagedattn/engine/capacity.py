@@ -40,9 +40,9 @@ def request_pages(
     max_tokens: int,
     num_completions: int = 1,
 ) -> int:
-    """Most pages a request's ``num_completions`` forked sequences hold at once: the prompt's
-    full pages once (shared by reference count; not under a sliding window, which drops them),
-    each sequence's other pages apiece."""
+    """Most pages a request's ``num_completions`` child requests hold at once: the prompt's
+    full pages once (shared through the prefix cache; not under a sliding window, which drops
+    them), each child's other pages apiece."""
     need = max_pages_per_seq(cache, sched, max_model_len, num_prompt_tokens, max_tokens)
     shared = 0 if cache.sliding_window else min(num_prompt_tokens // cache.page_size, need)
     return need + (num_completions - 1) * (need - shared)

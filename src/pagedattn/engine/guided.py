@@ -10,7 +10,7 @@ to ``-inf``. Once the grammar is complete only the end-of-sequence token(s) stay
 bounded grammar always ends with finish reason ``stop``.
 
 The processor is stateful (one ``LLMatcher`` per request) but derives its state from the
-generated ids it is given: when they do not extend what it consumed (a forked ``n > 1`` child
+generated ids it is given: when they do not extend what it consumed (an ``n > 1`` child request
 sharing the processor, a preempted request), it rolls back to the longest common prefix and
 consumes the rest, so it never masks with the wrong state.
 """

@@ -5,11 +5,9 @@ shared between the groups."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from pagedattn.cache import CacheManager, PagePool
 from pagedattn.cache.group_pool import GroupPages
@@ -188,33 +186,3 @@ def open_group_tiers(
             tier.close()
         raise
     return tiers
-
-
-def page_copier(layout: KVLayout, pool: PagePool) -> Callable[[Iterable[tuple[int, int]]], None]:
-    """What applies a fork's page copies: :meth:`PagePool.copy_pages`, or with layer groups a
-    copy of each page's own group's layers only (the other groups' rows of its id stay
-    unwritten).
-
-    The returned function raises ValueError for a pair whose pages lie in different groups
-    or out of range, or src == dst (nothing is copied from that pair on).
-    """
-    manager = layout.manager
-    if not isinstance(manager, HybridCacheManager):
-        return pool.copy_pages
-    bases, counts = manager.bases, manager.group_num_pages
-    layers = [np.asarray(g.layers, dtype=np.int64) for g in layout.groups]
-
-    def group_of(page_id: int) -> int:
-        for g, (base, n) in enumerate(zip(bases, counts, strict=True)):
-            if base <= page_id < base + n:
-                return g
-        raise ValueError(f"page {page_id} is in no layer group")
-
-    def copy(pairs: Iterable[tuple[int, int]]) -> None:
-        for src, dst in pairs:
-            g = group_of(src)
-            if group_of(dst) != g or src == dst:
-                raise ValueError(f"copy_pages: pages {src} -> {dst} are not two of one group")
-            pool.kv[layers[g], :, dst] = pool.kv[layers[g], :, src]
-
-    return copy

@@ -2,8 +2,9 @@
 
 Not thread-safe: one caller drives ``add_request`` / ``step`` / ``abort`` (a server runs them
 on one loop). Its parts: :mod:`pagedattn.engine.engine_setup` checks the model against the
-config and names and opens the pages' tiers, :mod:`pagedattn.engine.request_builder` turns a
-prompt into a request's sequences, :mod:`pagedattn.engine.engine_stats` gathers the counters.
+config and names and opens the pages' tiers, :mod:`pagedattn.engine.request_front_end` turns
+a prompt into a request (``n`` / ``best_of`` > 1: child requests of a parent) and folds the
+outputs, :mod:`pagedattn.engine.engine_stats` gathers the counters.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pagedattn.config import EngineConfig, ModelConfig
 from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_kv import build_engine_kv, group_snapshots
 from pagedattn.engine.engine_stats import engine_stats
-from pagedattn.engine.kv_groups import group_usage, page_copier
+from pagedattn.engine.kv_groups import group_usage
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
+from pagedattn.engine.request_front_end import RequestFrontEnd
 from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.step_output import StepOutput
 from pagedattn.engine.step_plan import StepPlan
@@ -95,14 +97,8 @@ class LLMEngine:
         self.kv_tiers = kv.tiers
         self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
-        self.scheduler = Scheduler(
-            cc,
-            sc,
-            self.cache_manager,
-            eos,
-            engine_setup.max_model_len(cc, sc, mc),
-            copy_pages=page_copier(self.kv_layout, self.page_pool),
-        )
+        max_len = engine_setup.max_model_len(cc, sc, mc)
+        self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_len)
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
         self.runner = ModelRunner(
@@ -113,9 +109,8 @@ class LLMEngine:
             eos_token_ids=eos,
             layer_groups=self.kv_layout.layer_groups,
         )
-        self._requests = RequestBuilder(
-            tokenizer, self.vocab_size, self.scheduler.max_model_len, config.seed
-        )
+        self._requests = RequestBuilder(tokenizer, self.vocab_size, max_len, config.seed)
+        self._front = RequestFrontEnd(self.scheduler, self._requests, cc.enable_prefix_caching)
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
@@ -167,18 +162,17 @@ class LLMEngine:
             The request id. A request that can never run (see ``Scheduler.add``) is still
             accepted here and finishes at the next step with a rejection finish reason.
 
-        Completion ``i`` (of ``params.n`` / ``best_of``) draws from
-        ``make_generator(seed + i)`` (vLLM's rule), ``seed`` being ``params.seed`` or, when
-        None, one draw from the engine's generator: completion ``i`` equals a solo request with
-        ``seed=seed + i``.
+        With ``params.n`` / ``best_of`` > 1 completion ``i`` is the child request
+        ``f"{i}_{request_id}"`` drawing from ``make_generator(seed + i)`` (vLLM's rule),
+        ``seed`` being ``params.seed`` or, when None, one draw from the engine's generator:
+        completion ``i`` equals a solo request with ``seed=seed + i``
+        (:mod:`pagedattn.engine.parent_request`).
 
         Raises:
-            ValueError: a bad prompt (see :meth:`encode`), a request id already in use, or a
-                ``logit_bias`` / ``stop_token_ids`` id outside the tokenizer's vocabulary.
+            ValueError: a bad prompt (see :meth:`encode`), a request id (or a child's) already
+                in use, or a ``logit_bias`` / ``stop_token_ids`` id outside the vocabulary.
         """
-        group = self._requests.build(prompt, params, request_id, arrival_time)
-        self.scheduler.add(group)
-        return group.request_id
+        return self._front.add(prompt, params, request_id, arrival_time)
 
     def step(self) -> StepResult:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
@@ -215,7 +209,7 @@ class LLMEngine:
             failed = True
         else:
             ran, detokenized, failed = time.perf_counter(), clock.seconds, False
-            outputs = self.scheduler.postprocess(plan, out)
+            outputs = self._front.route(self.scheduler.postprocess(plan, out))
         done = time.perf_counter()
         timings = StepTimings(
             schedule_s=scheduled - began,
@@ -242,12 +236,13 @@ class LLMEngine:
         if not isinstance(exc, Exception):
             raise exc
         logger.exception("engine step failed; %d request(s) failed", len(plan.request_ids))
-        return self.scheduler.take_pending()
+        return self._front.route(self.scheduler.take_pending())
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its pages are freed once; the next step returns its
-        final output with finish reason "abort". Returns False for unknown/finished ids."""
-        return self.scheduler.abort(request_id)
+        final output with finish reason "abort" (every completion's). Returns False for
+        unknown/finished ids."""
+        return self._front.abort(request_id)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix of the pool, as vLLM's ``reset_prefix_cache``; False (and

@@ -139,8 +139,8 @@ class ModelRunner:
         return logits, t1 - t0, time.perf_counter() - t1
 
     def run(self, plan: StepPlan) -> StepOutput:
-        """Run one step: run the model, take prompt logprobs, sample each completion's token
-        from its request's sample row, then the rows of its drafts.
+        """Run one step: run the model, take prompt logprobs, sample each request's token
+        from its sample row, then the rows of its drafts.
 
         Returns:
             The step's output, one entry per planned request (a row that could not be sampled
@@ -159,7 +159,7 @@ class ModelRunner:
         return dataclasses.replace(out, timings=timings)
 
     def _sample(self, plan: StepPlan, logits: np.ndarray) -> StepOutput:
-        """Prompt logprobs, each completion's token and its drafts' run, from the logits."""
+        """Prompt logprobs, each request's token and its drafts' run, from the logits."""
         if self.vocab_size is not None:
             logits = mask_padded_vocab(logits, self.vocab_size)
         out = StepOutput({r.request_id: RequestStepOutput() for r in plan.requests})
@@ -174,8 +174,8 @@ class ModelRunner:
                         for row, t in zip(r.rows.prompt, r.prompt_targets, strict=True)
                     ],
                 )
-            if r.rows.sample is not None:
-                targets.extend((r, c) for c in r.completions)
+            if r.sampling is not None:
+                targets.append((r, r.sampling))
         if not targets:
             return out
         rows = [r.rows.sample for r, _ in targets]
@@ -187,18 +187,15 @@ class ModelRunner:
             [c.prompt_token_ids for _, c in targets],
             self.eos_token_ids,
         )
-        cache: dict[int, np.ndarray] = {}
         for i, ((r, c), t) in enumerate(zip(targets, token_ids.tolist(), strict=True)):
             error = errors.get(i)
             logprobs = None
             row = r.rows.sample
             assert row is not None
             if c.params.needs_logprob and error is None:
-                if row not in cache:
-                    cache[row] = log_softmax(logits[row])
-                logprobs = token_logprobs(cache[row], t, c.params.logprobs or 0)
+                logprobs = token_logprobs(log_softmax(logits[row]), t, c.params.logprobs or 0)
             accepted = None
             if r.rows.drafts and error is None:
                 accepted = sample_run(logits, r, c, t, self.eos_token_ids)
-            out.requests[r.request_id].samples[c.index] = SampledToken(t, logprobs, error, accepted)
+            out.requests[r.request_id].sample = SampledToken(t, logprobs, error, accepted)
         return out

@@ -1,7 +1,7 @@
-"""RequestBuilder: a prompt and its sampling parameters become a request's sequences.
+"""RequestBuilder: a prompt and its sampling parameters become a request's sequence.
 
 It checks the prompt's token ids against the vocabulary, draws the request's seed, and gives
-each completion its generator, its incremental detokenizer and the stop strings that are
+each sequence its generator, its incremental detokenizer and the stop strings that are
 special tokens (vLLM's input processor does this part of ``add_request``).
 """
 
@@ -20,13 +20,12 @@ import numpy as np
 from pagedattn.engine.prompt_ids import encode_prompt
 from pagedattn.engine.sampler import make_generator
 from pagedattn.engine.sequence import Sequence
-from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.step_report import PhaseClock, TimedTextStream
 from pagedattn.sampling_params import SamplingParams
 
 
 class RequestBuilder:
-    """Builds the :class:`SequenceGroup` of each request one engine queues.
+    """Builds the :class:`Sequence` of each request one engine queues.
 
     Args:
         tokenizer: the engine's tokenizer, or None (token-id prompts, empty output text).
@@ -56,15 +55,19 @@ class RequestBuilder:
         """Prompt token ids (text goes through the tokenizer): see :func:`encode_prompt`."""
         return encode_prompt(self.tokenizer, self.vocab_size, prompt)
 
+    def draw_seed(self) -> int:
+        """A seed for a request without one (from the engine's generator)."""
+        return int(self._rng.integers(2**63))
+
     def build(
         self,
         prompt: str | SequenceABC[int],
         params: SamplingParams | None,
         request_id: str | None,
         arrival_time: float | None,
-    ) -> SequenceGroup:
-        """The sequences of one request, as :meth:`LLMEngine.add_request
-        <pagedattn.engine.llm_engine.LLMEngine.add_request>` documents them.
+    ) -> Sequence:
+        """The sequence of one request of one completion, as :meth:`LLMEngine.add_request
+        <pagedattn.engine.llm_engine.LLMEngine.add_request>` documents it.
 
         Raises:
             ValueError: a bad prompt (see :meth:`encode`), or a ``logit_bias`` /
@@ -72,13 +75,31 @@ class RequestBuilder:
         """
         params = SamplingParams() if params is None else params
         request_id = uuid.uuid4().hex if request_id is None else request_id
+        return self.build_many(prompt, [params], [request_id], arrival_time)[0]
+
+    def build_many(
+        self,
+        prompt: str | SequenceABC[int],
+        params: SequenceABC[SamplingParams],
+        request_ids: SequenceABC[str],
+        arrival_time: float | None,
+        lead: bool = False,
+    ) -> list[Sequence]:
+        """One sequence per ``(params[i], request_ids[i])`` on one prompt (encoded once), their
+        metrics shared: the child requests of a parent. Sequence ``i`` draws from
+        ``make_generator(params[i].seed)`` (a seed drawn here when None). ``lead``: every
+        sequence but the first waits for the first's prompt (``prefix_lead``).
+
+        Raises:
+            ValueError: as :meth:`build`.
+        """
         ids = self.encode(prompt)
-        params.check_vocab(self.vocab_size)
-        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
-        special_stops = {self._special_ids[s]: s for s in params.stop if s in self._special_ids}
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs: list[Sequence] = []
-        for i in range(params.num_completions):
+        for p, request_id in zip(params, request_ids, strict=True):
+            p.check_vocab(self.vocab_size)
+            seed = p.seed if p.seed is not None else self.draw_seed()
+            special_stops = {self._special_ids[s]: s for s in p.stop if s in self._special_ids}
             text_stream = None
             if self.tokenizer is not None:
                 from pagedattn.model.detokenizer import IncrementalDetokenizer
@@ -86,7 +107,7 @@ class RequestBuilder:
                 text_stream = TimedTextStream(
                     IncrementalDetokenizer(
                         self.tokenizer,
-                        skip_special_tokens=params.skip_special_tokens,
+                        skip_special_tokens=p.skip_special_tokens,
                         prompt_token_ids=ids,
                     ),
                     self.detokenize_clock,
@@ -96,19 +117,19 @@ class RequestBuilder:
                     seq_id=next(self._seq_ids),
                     request_id=request_id,
                     prompt_token_ids=ids,
-                    params=params,
-                    generator=make_generator(seed + i),
+                    params=p,
+                    generator=make_generator(seed),
                     arrival_time=arrival,
                     text_stream=text_stream,
                     max_model_len=self.max_model_len,
                     prompt=prompt if isinstance(prompt, str) else None,
-                    index=i,
                     decode_token=self._decode_token,
                     special_stops=special_stops,
                     metrics=seqs[0].metrics if seqs else None,
+                    prefix_lead=seqs[0] if lead and seqs else None,
                 )
             )
-        return SequenceGroup(seqs)
+        return seqs
 
     def _decode_one(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))

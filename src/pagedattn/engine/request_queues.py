@@ -9,31 +9,22 @@ from collections import deque
 from pagedattn.cache import CacheManager
 from pagedattn.engine.outputs import FINISH_ERROR, RequestOutput
 from pagedattn.engine.sequence import Sequence
-from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
 
 
-def seats(seq: Sequence) -> int:
-    """Running places ``seq`` takes once admitted: itself and the children it forks after its
-    prefill (``n`` / ``best_of`` > 1)."""
-    return 1 + len(seq.fork_children)
-
-
-def may_admit(occupied: int, seq: Sequence, max_num_seqs: int) -> bool:
-    """Whether the first waiting sequence may start while ``occupied`` seats are taken (the
-    :func:`seats` of every running sequence, forks not made yet included): all its seats must
-    fit ``max_num_seqs`` (a request of ``n`` choices is counted whole, so that its forks never
-    push the batch past the limit); into an empty batch it always may (progress)."""
-    return occupied == 0 or occupied + seats(seq) <= max_num_seqs
+def may_admit(occupied: int, max_num_seqs: int) -> bool:
+    """Whether a waiting sequence may start while ``occupied`` sequences run: one more must
+    fit ``max_num_seqs``; into an empty batch it always may (progress)."""
+    return occupied == 0 or occupied + 1 <= max_num_seqs
 
 
 class RequestQueues:
-    """The scheduler's queues and its live requests.
+    """The scheduler's queues and its live requests (one sequence each).
 
     Attributes:
         waiting: sequences to admit, front first (a preempted sequence goes back to the front).
         running: sequences holding pages, in arrival order (seq ids grow with arrival).
-        requests: every waiting or running request by request id.
+        requests: every waiting or running request's sequence by request id.
         pending: outputs of requests finished outside a step (rejections, aborts, failed
             steps), returned by the next ``take_pending``.
 
@@ -47,45 +38,42 @@ class RequestQueues:
         self.stats = stats
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.requests: dict[str, SequenceGroup] = {}
+        self.requests: dict[str, Sequence] = {}
         self.pending: list[RequestOutput] = []
 
     def insert_running(self, seq: Sequence) -> None:
-        """Put ``seq`` in the running list at its arrival-order place: a resumed or forked
-        sequence is older than the requests admitted while it waited."""
+        """Put ``seq`` in the running list at its arrival-order place: a resumed sequence is
+        older than the requests admitted while it waited."""
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
 
-    def retire(self, seq: Sequence, group: SequenceGroup) -> None:
-        """Free a finished sequence; forget its request once every sequence finished."""
+    def retire(self, seq: Sequence) -> None:
+        """Free a finished sequence and forget its request."""
         if seq in self.running:
             self.running.remove(seq)
             self.cache.free_sequence(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if group.is_finished:
+        if self.requests.get(seq.request_id) is seq:
             del self.requests[seq.request_id]
-            assert group.parent.finish_reason is not None
-            self.stats.num_finished[group.parent.finish_reason] += 1
+            assert seq.finish_reason is not None
+            self.stats.num_finished[seq.finish_reason] += 1
 
-    def fail_group(self, group: SequenceGroup, error: str, now: float) -> None:
-        """Finish every unfinished sequence of a request with reason "error" and free it."""
-        group.finish_unforked(FINISH_ERROR, now, error=error)
-        for seq in group.seqs:
-            if not seq.is_finished:
-                seq.finish(FINISH_ERROR, now, error=error)
-                self.retire(seq, group)
+    def fail(self, seq: Sequence, error: str, now: float) -> None:
+        """Finish an unfinished request with reason "error" and free it."""
+        if not seq.is_finished:
+            seq.finish(FINISH_ERROR, now, error=error)
+            self.retire(seq)
 
-    def finish_outside_step(self, group: SequenceGroup) -> None:
+    def finish_outside_step(self, seq: Sequence) -> None:
         """Count a request that finished before it was queued or while no step held it (a
         rejection, ``max_tokens == 0``, an abort) and keep its output for ``take_pending``."""
-        reason = group.parent.finish_reason
-        assert reason is not None
-        self.stats.num_finished[reason] += 1
-        self.keep_output(group)
+        assert seq.finish_reason is not None
+        self.stats.num_finished[seq.finish_reason] += 1
+        self.keep_output(seq)
 
-    def keep_output(self, group: SequenceGroup) -> None:
+    def keep_output(self, seq: Sequence) -> None:
         """Keep the request's latest delta, if any, for ``take_pending``."""
-        out = group.take_output()
+        out = seq.take_output()
         if out is not None:
             self.pending.append(out)
 

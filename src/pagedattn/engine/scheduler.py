@@ -16,7 +16,7 @@ coordinates four parts:
   (:func:`~pagedattn.engine.step_plan.build_plan` lays out the logits rows, once).
 - :mod:`~pagedattn.engine.step_postprocess`: applies the runner's output, keyed by request id,
   to the requests: sampled tokens, stop checks, each request's commit point (the only point
-  where pages enter the prefix index), forks and retirement.
+  where pages enter the prefix index) and retirement.
 
 Every phase of a step commits or rolls back. :meth:`Scheduler.schedule` that raises gives
 back every reservation it made (the sequences are as before the call). After the model ran,
@@ -25,11 +25,11 @@ of that raises finishes alone with an error. A step whose forward raised is
 failed instead (:meth:`Scheduler.fail_step`): only its requests end, with an error, and nothing
 they reserved was ever made visible.
 
-A request that can never fit is rejected at once (see :meth:`Scheduler.add`). A request with
-``n`` / ``best_of`` > 1 is one prefill; when its sequence samples its first token it forks
-into the request's other sequences, which then run as independent sequences (see
-:mod:`pagedattn.engine.forks`: shared full pages, the partial last page copied in that step).
-A sequence asking for prompt logprobs skips the prefix cache (a cached page has no logits).
+A request that can never fit is rejected at once (see :meth:`Scheduler.add`). Every request
+here is one sequence with one completion: ``n`` / ``best_of`` > 1 arrive as child requests of a
+parent (:mod:`pagedattn.engine.parent_request`), which share the prompt's full pages through
+the prefix cache. A sequence asking for prompt logprobs skips the prefix cache (a cached page
+has no logits).
 """
 
 from __future__ import annotations
@@ -41,11 +41,9 @@ from collections.abc import Collection
 from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import rejection, request_pages
-from pagedattn.engine.forks import CopyPages
 from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sequence import Sequence, SequenceStatus
-from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.stats import SchedulerStats
 from pagedattn.engine.step_journal import StepJournal
 from pagedattn.engine.step_output import StepOutput
@@ -63,8 +61,6 @@ class Scheduler:
         cache_manager: the page tables (its pool size bounds what fits).
         eos_token_ids: ids that end generation unless ``ignore_eos``.
         max_model_len: most tokens (prompt + generated) per request, None = unbounded.
-        copy_pages: applies a fork's page copies to the KV (:meth:`PagePool.copy_pages`);
-            None = requests with ``n`` / ``best_of`` > 1 fail when they fork.
     """
 
     def __init__(
@@ -74,7 +70,6 @@ class Scheduler:
         cache_manager: CacheManager,
         eos_token_ids: Collection[int],
         max_model_len: int | None,
-        copy_pages: CopyPages | None = None,
     ) -> None:
         self.cache_config = cache_config
         self.config = scheduler_config
@@ -82,7 +77,6 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.stats = SchedulerStats()
-        self.copy_pages = copy_pages
         self.queues = RequestQueues(cache_manager, self.stats)
         self.planner = StepPlanner(scheduler_config, cache_manager, self.queues, self.stats)
         self.postprocessor = StepPostprocessor(
@@ -100,14 +94,14 @@ class Scheduler:
         return self.queues.running
 
     # ---- requests --------------------------------------------------------------------------
-    def add(self, group: SequenceGroup) -> None:
-        """Queue a request (its parent sequence), or finish it at once.
+    def add(self, seq: Sequence) -> None:
+        """Queue a request (one sequence), or finish it at once.
 
         Rejected with ``context_length_exceeded``: a prompt that leaves no room for one token
         under ``max_model_len``, or (chunked prefill off) a prompt longer than
         ``max_num_batched_tokens``. Rejected with ``cache_capacity_exceeded``: its K/V alone,
         at its largest (prompt + max_tokens - 1 tokens, or the window bound), would need more
-        pages than the pool holds (every completion counted, the prompt's full pages once).
+        pages than the pool holds.
         ``max_tokens == 0`` finishes with "length" at once (after the prompt when prompt
         logprobs are asked).
         The outcome is returned by the next :meth:`postprocess`.
@@ -115,7 +109,6 @@ class Scheduler:
         Raises:
             ValueError: the request id is already in use.
         """
-        seq = group.parent
         if seq.request_id in self.queues.requests:
             raise ValueError(f"request_id {seq.request_id!r} is already in use")
         now = time.monotonic()
@@ -124,42 +117,36 @@ class Scheduler:
         if reason is not None or at_once:
             if reason is None:
                 seq.finish("length", now)
-                group.finish_unforked("length", now)
             else:
                 seq.finish(reason[0], now, error=reason[1])
-                group.finish_unforked(reason[0], now, error=reason[1])
-            self.queues.finish_outside_step(group)
+            self.queues.finish_outside_step(seq)
             return
-        self.queues.requests[seq.request_id] = group
+        self.queues.requests[seq.request_id] = seq
         self.waiting.append(seq)
 
-    def abort(self, request_id: str) -> bool:
-        """Finish a request with "abort" wherever it is, freeing its pages exactly once.
+    def abort(self, request_id: str, reason: str = FINISH_ABORT, error: str | None = None) -> bool:
+        """Finish a request with ``reason`` (and ``error``) wherever it is, freeing its pages
+        exactly once; its output comes with the next :meth:`postprocess` or
+        :meth:`take_pending`.
 
         Returns:
             True when the request was waiting or running; False when unknown or finished.
         """
-        group = self.queues.requests.pop(request_id, None)
-        if group is None:
+        seq = self.queues.requests.pop(request_id, None)
+        if seq is None:
             return False
-        now = time.monotonic()
-        group.finish_unforked(FINISH_ABORT, now)
-        for seq in group.seqs:
-            if seq.is_finished:
-                continue
-            if seq.status is SequenceStatus.RUNNING:
-                self.running.remove(seq)
-                self.cache.free_sequence(seq.seq_id)
-            else:
-                self.waiting.remove(seq)
-            seq.finish(FINISH_ABORT, now)
-        self.queues.finish_outside_step(group)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.cache.free_sequence(seq.seq_id)
+        else:
+            self.waiting.remove(seq)
+        seq.finish(reason, time.monotonic(), error=error)
+        self.queues.finish_outside_step(seq)
         return True
 
     def get(self, request_id: str) -> Sequence | None:
-        """The parent sequence of a waiting or running request, None when unknown/finished."""
-        group = self.queues.requests.get(request_id)
-        return None if group is None else group.parent
+        """The sequence of a waiting or running request, None when unknown/finished."""
+        return self.queues.requests.get(request_id)
 
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running, or an output is still to be returned."""
@@ -214,8 +201,8 @@ class Scheduler:
 
     def postprocess(self, plan: StepPlan, out: StepOutput) -> list[RequestOutput]:
         """Apply the step's output to its requests, the step's forward having succeeded
-        (:meth:`StepPostprocessor.apply`: each request's tokens, its commit point, forks,
-        finishing and freeing).
+        (:meth:`StepPostprocessor.apply`: each request's tokens, its commit point, finishing
+        and freeing).
 
         A request whose own row failed or whose token cannot be turned into text (a
         detokenizer or stop-string error) finishes with reason "error" and that message; the
@@ -234,14 +221,13 @@ class Scheduler:
         """
         check_output(plan, out)
         outputs = self.take_pending()
-        outputs += self.postprocessor.apply(plan, out, time.monotonic(), self.copy_pages)
+        outputs += self.postprocessor.apply(plan, out, time.monotonic())
         if plan.requests:
             self.stats.record_step(len(plan.requests), plan.num_tokens)
         return outputs
 
     def fail_step(self, plan: StepPlan, error: str) -> None:
-        """The step's forward raised: finish each of its requests (every sequence of it) with
-        reason "error".
+        """The step's forward raised: finish each of its requests with reason "error".
 
         Nothing is rolled back because nothing was committed: the pages they reserved this
         step never entered the prefix index and go back to the pool as empty pages. Their
@@ -249,11 +235,11 @@ class Scheduler:
         """
         now = time.monotonic()
         for request_id in plan.request_ids:
-            group = self.queues.requests.get(request_id)
-            if group is None:
+            seq = self.queues.requests.get(request_id)
+            if seq is None:
                 continue
-            self.queues.fail_group(group, error, now)
-            self.queues.keep_output(group)
+            self.queues.fail(seq, error, now)
+            self.queues.keep_output(seq)
 
     def take_pending(self) -> list[RequestOutput]:
         """Outputs of requests finished outside a step (rejections, aborts, failed steps)."""

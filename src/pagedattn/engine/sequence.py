@@ -58,11 +58,14 @@ class Sequence:
         max_model_len: finish with "length" once prompt + generated reach this many tokens;
             None = no limit.
         prompt: the prompt text as the caller gave it (None for token-id prompts).
-        index: which of its request's completions this sequence is (0 .. best_of - 1).
         decode_token: one token id -> its text (logprobs' ``decoded_token``); None = no text.
         special_stops: special-token id -> the stop string equal to its text: sampling that
             token stops like the stop string (special tokens never reach the text stream).
-        metrics: shared with the other completions of the request; None = a new one.
+        metrics: shared with the other child requests of a request with ``n`` / ``best_of``
+            > 1 (:mod:`pagedattn.engine.parent_request`); None = a new one.
+        prefix_lead: a sibling child request whose prompt pages this one waits for: it is not
+            admitted until the lead sampled its first token (its full prompt pages are then in
+            the prefix index) or finished; None = admitted in its turn.
 
     Raises:
         ValueError: an empty prompt.
@@ -79,10 +82,10 @@ class Sequence:
         text_stream: TextStream | None = None,
         max_model_len: int | None = None,
         prompt: str | None = None,
-        index: int = 0,
         decode_token: Callable[[int], str] | None = None,
         special_stops: Mapping[int, str] | None = None,
         metrics: RequestMetrics | None = None,
+        prefix_lead: Sequence | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: the prompt has no tokens")
@@ -92,7 +95,6 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self._prompt_token_ids = list(self.token_ids)
         self.prompt = prompt
-        self.index = index
         self.params = params
         self.generator = generator
         self.text_stream = text_stream
@@ -107,8 +109,8 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time=arrival_time) if metrics is None else metrics
         self.decode_token = decode_token
         self.special_stops = dict(special_stops or {})
-        # Children this sequence forks into when it samples its first token (n / best_of > 1).
-        self.fork_children: list[Sequence] = []
+        self.prefix_lead = prefix_lead
+        self.was_scheduled = False  # its first admission was committed (stats, cached tokens)
         self.cumulative_logprob: float | None = 0.0 if params.needs_logprob else None
         # Per prompt token its logprobs (index 0 stays None) once all are computed.
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
@@ -121,6 +123,7 @@ class Sequence:
         self._pending_token_ids: list[int] = []
         self._pending_logprobs: list[PositionLogprobs] = []
         self._finish_reported = False
+        self._prompt_logprobs_sent = False
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
@@ -145,13 +148,8 @@ class Sequence:
 
     @property
     def needs_prompt_logits(self) -> bool:
-        """True while prompt logprobs are asked for and not all computed yet (the parent
-        sequence, index 0, computes them)."""
-        return (
-            self.index == 0
-            and self.params.prompt_logprobs is not None
-            and self.prompt_logprobs is None
-        )
+        """True while prompt logprobs are asked for and not all computed yet."""
+        return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
 
     @property
     def has_delta(self) -> bool:
@@ -161,6 +159,12 @@ class Sequence:
             or self._pending_text
             or (self.is_finished and not self._finish_reported)
         )
+
+    @property
+    def waits_for_lead(self) -> bool:
+        """True while its :attr:`prefix_lead` has neither sampled a token nor finished."""
+        lead = self.prefix_lead
+        return lead is not None and not lead.is_finished and lead.num_generated_tokens == 0
 
     @property
     def text(self) -> str:
@@ -254,7 +258,7 @@ class Sequence:
     def take_delta(self) -> CompletionOutput:
         """This completion's delta since the previous call (clears it)."""
         completion = CompletionOutput(
-            index=self.index,
+            index=0,
             text=self._pending_text,
             token_ids=self._pending_token_ids,
             cumulative_logprob=self.cumulative_logprob,
@@ -268,17 +272,24 @@ class Sequence:
         self._finish_reported = self.is_finished
         return completion
 
-    def take_output(self) -> RequestOutput:
-        """The delta since the previous call as a RequestOutput holding this one completion
-        (a single-sequence view; requests go through ``SequenceGroup.take_output``)."""
+    def take_output(self) -> RequestOutput | None:
+        """The request's delta since the previous call (its one completion, index 0), or None
+        when nothing is new; the prompt logprobs come once, in the first output after they
+        were all computed."""
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            prompt_logprobs = self.prompt_logprobs
+            self._prompt_logprobs_sent = True
+        if not self.has_delta and prompt_logprobs is None:
+            return None
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self._prompt_token_ids,
-            outputs=[self.take_delta()],
+            outputs=[self.take_delta()] if self.has_delta else [],
             finished=self.is_finished,
             metrics=self.metrics,
             num_cached_tokens=self.num_cached_tokens,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=prompt_logprobs,
             error=self.error,
         )

@@ -29,8 +29,10 @@ class StepJournal:
         """The whole batch was reserved: an admitted sequence scheduled for the first time
         records when, its prefix-cache hits and its prompt tokens."""
         for seq in self.admitted:
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
+            if not seq.was_scheduled:
+                seq.was_scheduled = True
+                if seq.metrics.first_scheduled_time is None:  # shared by sibling children
+                    seq.metrics.first_scheduled_time = now
                 seq.num_cached_tokens = seq.num_computed_tokens
                 stats.num_prompt_tokens += seq.num_prompt_tokens
                 stats.prefix_cache_queries += seq.num_prompt_tokens

@@ -25,7 +25,7 @@ class RunTimings:
 
 @dataclass(frozen=True)
 class SampledToken:
-    """One completion's token sampled this step.
+    """A request's token sampled this step.
 
     Attributes:
         token_id: the sampled id (-1 when ``error``).
@@ -47,12 +47,12 @@ class RequestStepOutput:
     """A request's share of a step's output.
 
     Attributes:
-        samples: completion index -> its sampled token (none for a mid-prompt chunk).
+        sample: its sampled token; None when the step sampled none (a mid-prompt chunk).
         prompt_logprobs: (first position, logprobs) when its prompt logprobs were computed
             this step: entry ``j`` is the logprob of prompt token ``first + j``.
     """
 
-    samples: dict[int, SampledToken] = field(default_factory=dict)
+    sample: SampledToken | None = None
     prompt_logprobs: tuple[int, list[TokenLogprobs]] | None = None
 
 
@@ -71,4 +71,4 @@ class StepOutput:
     @property
     def num_sampled(self) -> int:
         """Tokens sampled from sample rows (accepted drafts not counted)."""
-        return sum(len(r.samples) for r in self.requests.values())
+        return sum(r.sample is not None for r in self.requests.values())

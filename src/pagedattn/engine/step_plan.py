@@ -41,17 +41,15 @@ class GroupKV:
 
 @dataclass(frozen=True)
 class SamplingState:
-    """What sampling one completion's next token reads.
+    """What sampling a request's next token reads.
 
     Attributes:
-        index: the completion's index within its request (0 .. best_of - 1).
         params: its sampling parameters.
         generator: its random generator (advanced by the draw).
         output_token_ids: its generated tokens so far (penalties, min_tokens, processors).
-        prompt_token_ids: its request's prompt.
+        prompt_token_ids: its prompt.
     """
 
-    index: int
     params: SamplingParams
     generator: np.random.Generator
     output_token_ids: tuple[int, ...]
@@ -77,11 +75,10 @@ class LogitsRows:
 
 @dataclass(frozen=True)
 class RequestPlan:
-    """One scheduled sequence's share of a step.
+    """One scheduled request's share of a step.
 
     Attributes:
         request_id: the request's id.
-        index: the completion index of the scheduled sequence.
         start: position of its first new token (its computed tokens before the step).
         num_new_tokens: tokens whose K/V the step computes (drafts not counted), >= 1.
         token_ids: (rows,) int64 the tokens fed: the new tokens, then the drafts.
@@ -93,12 +90,10 @@ class RequestPlan:
         prompt_first: position of the first prompt token the prompt rows score.
         prompt_targets: the prompt tokens the prompt rows score, in order.
         num_prompt_logprobs: top logprobs asked per prompt position (0 when none asked).
-        completions: the completions sampled from ``rows.sample``: the scheduled sequence
-            first, then the children it forks into this step (``n`` / ``best_of``).
+        sampling: what sampling ``rows.sample`` reads; None when ``rows.sample`` is None.
     """
 
     request_id: str
-    index: int
     start: int
     num_new_tokens: int
     token_ids: np.ndarray
@@ -109,7 +104,7 @@ class RequestPlan:
     prompt_first: int
     prompt_targets: tuple[int, ...]
     num_prompt_logprobs: int
-    completions: tuple[SamplingState, ...]
+    sampling: SamplingState | None
 
     @property
     def is_verify(self) -> bool:
@@ -142,8 +137,8 @@ class StepPlan:
 
     @property
     def num_sampled(self) -> int:
-        """Tokens the step samples from its sample rows (fork children included)."""
-        return sum(len(r.completions) for r in self.requests if r.rows.sample is not None)
+        """Tokens the step samples from its sample rows (one per request that samples)."""
+        return sum(r.rows.sample is not None for r in self.requests)
 
     @property
     def request_ids(self) -> list[str]:
@@ -163,7 +158,7 @@ def prompt_positions(item: ScheduledSeq) -> range:
 def sampling_state(seq: Sequence) -> SamplingState:
     """The sampling state of ``seq``'s next token, as of now."""
     return SamplingState(
-        seq.index, seq.params, seq.generator, tuple(seq.output_token_ids), seq.prompt_token_ids
+        seq.params, seq.generator, tuple(seq.output_token_ids), seq.prompt_token_ids
     )
 
 
@@ -232,13 +227,9 @@ def build_plan(
             logits_indices.extend(offset + n + j for j in range(len(item.draft_token_ids)))
         k = len(item.draft_token_ids) if sample is not None else 0
         drafts = range(0) if sample is None else range(sample + 1, sample + 1 + k)
-        completions: tuple[SamplingState, ...] = ()
-        if item.samples:
-            completions = tuple(sampling_state(s) for s in (seq, *seq.fork_children))
         requests.append(
             RequestPlan(
                 request_id=seq.request_id,
-                index=seq.index,
                 start=start,
                 num_new_tokens=n,
                 token_ids=token_ids,
@@ -255,7 +246,7 @@ def build_plan(
                 prompt_first=prompt.start + 1,
                 prompt_targets=tuple(seq.token_ids[p + 1] for p in prompt),
                 num_prompt_logprobs=seq.params.prompt_logprobs or 0,
-                completions=completions,
+                sampling=sampling_state(seq) if item.samples else None,
             )
         )
         offset += int(token_ids.shape[0])

@@ -14,7 +14,10 @@
 2. If nothing was preempted, waiting sequences are admitted in arrival order while sequences,
    budget and pages allow; each reuses every full cached page of its prefix. A resumed
    (preempted) sequence takes its arrival-order place in the running list, so it runs, and
-   is preempted, as the older request it is.
+   is preempted, as the older request it is. A child request that waits for its sibling's
+   prompt (:attr:`Sequence.waits_for_lead`: ``n`` / ``best_of`` > 1 with prefix caching on) is
+   passed over, keeping its place, so that it is admitted once the prompt's full pages are in
+   the prefix index and computes only the partial last page.
 
 While any running sequence decodes, the step's prompt work is bounded too (:class:`PrefillRoom`):
 its prompt pieces together may cost at most ``prefill_chunk_size`` tokens, a piece starting at
@@ -34,7 +37,7 @@ import math
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
-from pagedattn.engine.request_queues import RequestQueues, may_admit, seats
+from pagedattn.engine.request_queues import RequestQueues, may_admit
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
 from pagedattn.engine.spec.drafter import Drafter
@@ -95,14 +98,13 @@ class StepPlanner:
             i += 1
         if not preempted:
             limit = self.config.max_num_seqs
-            occupied = sum(map(seats, running))
-            while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
-                seq = waiting[0]
+            for seq in [s for s in waiting if not s.waits_for_lead]:
+                if not may_admit(len(running), limit) or budget <= 0:
+                    break
                 n = self.admit(seq, budget, room)
                 if n == 0:
                     break
                 room.take(seq, n)
-                occupied += seats(seq)
                 journal.admitted.append(seq)
                 journal.scheduled.append(self.reserve(seq, n))
                 budget -= n
@@ -136,7 +138,7 @@ class StepPlanner:
         return min(seq.num_tokens, self.config.prefill_chunk_end(start)) - start
 
     def admit(self, seq: Sequence, budget: int, room: PrefillRoom) -> int:
-        """Move the first waiting sequence to running with its prefix-cache hits; returns the
+        """Move a waiting sequence to running with its prefix-cache hits; returns the
         tokens it computes this step, 0 (and nothing changed) when it does not fit the budget,
         the step's prefill room or the pages."""
         # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
@@ -157,7 +159,7 @@ class StepPlanner:
         if n == 0:
             self.cache.free_sequence(seq.seq_id)
             return 0
-        self.queues.waiting.popleft()
+        self.queues.waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_cached
         self.queues.insert_running(seq)

@@ -4,9 +4,8 @@ This is the one writer of a request's progress after a forward: for each planned
 batch order, its prompt logprobs, its sampled tokens with their stop checks (and, for a
 verified sequence, the drafts its samples confirmed), then its commit point (its computed
 tokens advance and the pages the forward filled enter the prefix index and the persistent
-tier, :meth:`CacheManager.commit_written`; rejected drafts' slots go back), its fork into the
-request's other completions (:mod:`pagedattn.engine.forks`, on its first sampled token), and
-the retirement of what finished. A request whose part of this raises finishes alone with reason
+tier, :meth:`CacheManager.commit_written`; rejected drafts' slots go back), and its
+retirement when it finished. A request whose part of this raises finishes alone with reason
 "error" (what its forward wrote is still committed); the other requests are unaffected.
 
 What it applies is fixed by the frozen plan and the runner's output: nothing it changes while
@@ -16,11 +15,9 @@ applying can move another request's rows.
 from __future__ import annotations
 
 from pagedattn.cache import CacheManager
-from pagedattn.engine.forks import CopyPages, fork_children
 from pagedattn.engine.outputs import FINISH_ERROR, FINISH_LENGTH, RequestOutput, is_dead_end
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sequence import Sequence
-from pagedattn.engine.sequence_group import SequenceGroup
 from pagedattn.engine.spec.acceptance import append_run
 from pagedattn.engine.spec.drafter import Drafter
 from pagedattn.engine.stats import SchedulerStats
@@ -29,25 +26,20 @@ from pagedattn.engine.step_plan import RequestPlan, StepPlan
 
 
 def check_output(plan: StepPlan, out: StepOutput) -> None:
-    """Raise ValueError unless ``out`` holds a sample for every completion ``plan`` samples."""
+    """Raise ValueError unless ``out`` holds a sample for every request ``plan`` samples."""
     for r in plan.requests:
         got = out.requests.get(r.request_id)
         if got is None:
             raise ValueError(f"step output: request {r.request_id!r} is missing")
-        if r.rows.sample is None:
-            continue
-        missing = [c.index for c in r.completions if c.index not in got.samples]
-        if missing:
-            raise ValueError(
-                f"step output: request {r.request_id!r} has no token for completion(s) {missing}"
-            )
+        if r.rows.sample is not None and got.sample is None:
+            raise ValueError(f"step output: request {r.request_id!r} has no sampled token")
 
 
 class StepPostprocessor:
     """Applies a step's output to its requests.
 
     Args:
-        cache: the page tables (commits, forks and draft slots).
+        cache: the page tables (commits and draft slots).
         queues: the waiting and running sequences and the live requests (changed in place).
         stats: counts sampled, drafted and accepted tokens.
         eos_token_ids: ids that end generation unless ``ignore_eos``.
@@ -69,41 +61,33 @@ class StepPostprocessor:
         self.eos_token_ids = eos_token_ids
         self.drafter = drafter
 
-    def apply(
-        self, plan: StepPlan, out: StepOutput, now: float, copy_pages: CopyPages | None
-    ) -> list[RequestOutput]:
+    def apply(self, plan: StepPlan, out: StepOutput, now: float) -> list[RequestOutput]:
         """Apply ``out`` (checked by :func:`check_output`) to the plan's requests.
 
         Returns:
             One delta per request that changed this step, in batch order.
         """
-        touched: dict[str, SequenceGroup] = {}
+        touched: list[Sequence] = []
         for r in plan.requests:
-            group = self.queues.requests.get(r.request_id)
-            if group is None or group.seqs[r.index].is_finished:  # failed earlier in this loop
+            seq = self.queues.requests.get(r.request_id)
+            if seq is None or seq.is_finished:  # failed earlier in this loop
                 continue
-            touched[r.request_id] = group
+            touched.append(seq)
             try:
-                self._apply_request(r, group, out.requests[r.request_id], now, copy_pages)
+                self._apply_request(r, seq, out.requests[r.request_id], now)
             except Exception as exc:  # this request's bookkeeping, not the step's
-                self.queues.fail_group(group, f"{type(exc).__name__}: {exc}", now)
+                self.queues.fail(seq, f"{type(exc).__name__}: {exc}", now)
         outputs: list[RequestOutput] = []
-        for group in touched.values():
-            delta = group.take_output()
+        for seq in touched:
+            delta = seq.take_output()
             if delta is not None:
                 outputs.append(delta)
         return outputs
 
     def _apply_request(
-        self,
-        r: RequestPlan,
-        group: SequenceGroup,
-        result: RequestStepOutput,
-        now: float,
-        copy_pages: CopyPages | None,
+        self, r: RequestPlan, seq: Sequence, result: RequestStepOutput, now: float
     ) -> None:
-        """One planned sequence's share: prompt logprobs, tokens, commit, fork, retirement."""
-        seq = group.seqs[r.index]
+        """One planned request's share: prompt logprobs, tokens, commit, retirement."""
         if seq.num_computed_tokens != r.start:
             raise RuntimeError(
                 f"request {r.request_id!r}: planned from position {r.start}, "
@@ -113,29 +97,15 @@ class StepPostprocessor:
         try:
             if result.prompt_logprobs is not None:
                 seq.add_prompt_logprobs(*result.prompt_logprobs)
-            if r.rows.sample is not None:
-                kept += self._append_sample(seq, result.samples[r.index], now)
+            if result.sample is not None:
+                kept += self._append_sample(seq, result.sample, now)
         finally:
             self._commit(r, seq, kept)
-        if r.rows.sample is None:
-            if seq.num_computed_tokens == seq.num_tokens and seq.params.max_tokens == 0:
-                seq.finish("length", now)  # prompt logprobs only
-                group.finish_unforked("length", now)
-            self._retire(group, (seq,))
-            return
-        children = [group.seqs[c.index] for c in r.completions[1:]]
-        if children:  # they start from the KV just committed, then take their own tokens
-            seq.fork_children = []
-            if copy_pages is None:
-                raise ValueError("n / best_of > 1: this scheduler has no copy_pages")
-            new = fork_children(seq, children, self.cache, copy_pages)
-            for child in new.running:
-                self.queues.insert_running(child)
-            self.queues.waiting.extendleft(reversed(new.waiting))
-        self._retire(group, (seq,))
-        for child in children:  # a waiting child keeps its token and is recomputed
-            self._append_sample(child, result.samples[child.index], now)
-            self._retire(group, (child,))
+        prompt_only = seq.params.max_tokens == 0 and r.rows.sample is None
+        if prompt_only and seq.num_computed_tokens == seq.num_tokens:
+            seq.finish("length", now)  # prompt logprobs only
+        if seq.is_finished:
+            self.queues.retire(seq)
 
     def _append_sample(self, s: Sequence, sample: SampledToken, now: float) -> int:
         """Append a completion's sampled token, then the drafts it confirmed (a failed row or
@@ -177,8 +147,3 @@ class StepPostprocessor:
         self.stats.spec_num_verifies += 1
         if self.drafter is not None:
             self.drafter.record(seq, drafted, accepted)
-
-    def _retire(self, group: SequenceGroup, seqs: tuple[Sequence, ...]) -> None:
-        for s in seqs:
-            if s.is_finished:
-                self.queues.retire(s, group)

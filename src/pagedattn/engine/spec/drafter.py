@@ -50,7 +50,7 @@ class Drafter:
     @staticmethod
     def eligible(item: ScheduledSeq) -> bool:
         """A decode step of a sequence that may draft: it samples its next token from its
-        last one, has no fork pending and no logits processor (whose state a rejected draft
+        last one, has no logits processor (whose state a rejected draft
         would have advanced), and did not opt out."""
         seq = item.seq
         p = seq.params
@@ -60,7 +60,6 @@ class Drafter:
             and not item.draft_token_ids
             and item.start == seq.num_tokens - 1
             and seq.num_generated_tokens >= 1
-            and not seq.fork_children
             and not p.logits_processors
             and p.speculative_decoding == "auto"
             and not seq.needs_prompt_logits

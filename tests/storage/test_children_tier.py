@@ -1,7 +1,7 @@
-"""Forks under the persistent tier: the copy of a forked sequence's partial last page never
-lands on a page that was freed and restored from the store since, whether the fork's request
-is aborted or its first completion finishes while a sibling runs on. Every answer and every
-page is compared with a store-less engine that ran the same requests."""
+"""n > 1 child requests under the persistent tier: no child's page ever lands on a page that
+was freed and restored from the store since, whether the parent request is aborted after its
+first child's prefill or its first completion finishes while a sibling runs on. Every answer
+and every page is compared with a store-less engine that ran the same requests."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.engine.helpers import drain, tiny_model, tokens
 PS = 4
 MODEL = tiny_model(seed=7)
 _rng = np.random.default_rng(23)
-FORKED = [int(t) for t in _rng.integers(3, 250, 6)]  # 1 full page + a partial one
+PARENT = [int(t) for t in _rng.integers(3, 250, 6)]  # 1 full page + a partial one
 STORED = [int(t) for t in _rng.integers(3, 250, 9)]  # 2 full pages the store holds
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -52,7 +52,7 @@ def _by_index(outs: list[Any]) -> dict[int, list[int]]:
     return by
 
 
-def test_an_aborted_fork_never_overwrites_pages_restored_from_the_store(tmp_path: Path) -> None:
+def test_an_aborted_parent_never_overwrites_pages_restored_from_the_store(tmp_path: Path) -> None:
     scratch = _engine(MODEL, None)
     want = tokens(drain(scratch, {0: [("b", STORED, GREEDY)]})["b"])
     assert _fill_store(MODEL, tmp_path, STORED) == want
@@ -60,8 +60,8 @@ def test_an_aborted_fork_never_overwrites_pages_restored_from_the_store(tmp_path
     want_pages = [_page_kv(scratch, h) for h in hashes]
 
     engine = _engine(MODEL, tmp_path)
-    engine.add_request(FORKED, SamplingParams(n=2, max_tokens=4, seed=1), request_id="a")
-    engine.step()  # the prefill, then the fork of its partial page
+    engine.add_request(PARENT, SamplingParams(n=2, max_tokens=4, seed=1), request_id="a")
+    engine.step()  # child 0's prefill; child 1 waits for its prompt pages
     assert engine.abort("a")
     outs = drain(engine, {0: [("b", STORED, GREEDY)]})
     assert outs["b"][-1].num_cached_tokens == 8  # both pages restored from the store
@@ -80,7 +80,7 @@ def _stopping_seed() -> tuple[int, list[int], list[int]]:
         runs = []
         for i in range(2):
             p = SamplingParams(temperature=1.0, seed=seed + i, max_tokens=10, ignore_eos=True)
-            runs.append(tokens(drain(_engine(MODEL, None), {0: [("s", FORKED, p)]})["s"]))
+            runs.append(tokens(drain(_engine(MODEL, None), {0: [("s", PARENT, p)]})["s"]))
         if runs[0][0] not in runs[1]:
             return seed, runs[0], runs[1]
     raise AssertionError("no seed separates the two completions")
@@ -97,21 +97,21 @@ def test_a_parent_finishing_first_leaves_its_siblings_pages_intact(tmp_path: Pat
     _fill_store(MODEL, tmp_path, STORED)
 
     def run(engine: LLMEngine) -> tuple[dict[int, list[int]], list[int], int]:
-        engine.add_request(FORKED, params, request_id="a")
-        outs = drain(engine, {1: [("b", STORED, GREEDY)]})  # admitted right after the fork
+        engine.add_request(PARENT, params, request_id="a")
+        outs = drain(engine, {1: [("b", STORED, GREEDY)]})  # admitted with child 1
         return _by_index(outs["a"]), tokens(outs["b"]), outs["b"][-1].num_cached_tokens
 
     clean = run(_engine(MODEL, None))
     engine = _engine(MODEL, tmp_path)
-    forked, answer_b, cached_b = run(engine)
-    assert forked == clean[0] == {0: first[:1], 1: sibling}
+    children, answer_b, cached_b = run(engine)
+    assert children == clean[0] == {0: first[:1], 1: sibling}
     assert cached_b == 8 and answer_b == want_b == clean[1]
     # every page the sibling filled holds the KV of a store-less run of it, so the store
     # received no foreign KV either
     reference = _engine(MODEL, None)
     one = SamplingParams(temperature=1.0, seed=seed + 1, max_tokens=10, ignore_eos=True)
-    assert tokens(drain(reference, {0: [("s", FORKED, one)]})["s"]) == sibling
-    full = (FORKED + sibling)[: (len(FORKED) + len(sibling) - 1) // PS * PS]
+    assert tokens(drain(reference, {0: [("s", PARENT, one)]})["s"]) == sibling
+    full = (PARENT + sibling)[: (len(PARENT) + len(sibling) - 1) // PS * PS]
     hashes = prefix_page_hashes(full, PS, engine.namespace)
     assert [_page_kv(engine, h) for h in hashes] == [_page_kv(reference, h) for h in hashes]
     engine.cache_manager.check_integrity()
@@ -125,7 +125,7 @@ def test_a_parent_finishing_first_leaves_its_siblings_pages_intact(tmp_path: Pat
 
 
 @pytest.mark.model
-def test_smollm2_fork_abort_then_a_stored_prompt_answers_as_without_a_store(
+def test_smollm2_parent_abort_then_a_stored_prompt_answers_as_without_a_store(
     tmp_path: Path,
 ) -> None:
     base = LLMEngine.from_config(EngineConfig())
