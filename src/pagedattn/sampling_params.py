@@ -36,7 +36,8 @@ class SamplingParams:
     penalties, temperature, ``min_p``, top-k, top-p.
 
     Attributes:
-        n: completions returned per request (>= 1), forked from one prefill.
+        n: completions returned per request (>= 1), each a child request of it (sharing the
+            prompt's full pages through the prefix cache).
         best_of: completions generated (>= n, default n); the ``n`` with the highest
             ``cumulative_logprob`` are returned (only once all are finished).
         temperature: softmax temperature, ``>= 0``; ``0`` means greedy (exact argmax of the

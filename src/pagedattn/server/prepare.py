@@ -2,8 +2,9 @@
 
 Request rules (each violation is a 400 with an OpenAI error body, before the engine sees it):
 
-- ``n`` in 1..128 choices (forked from one prefill); completions' ``best_of`` >= ``n`` (the ``n``
-  with the highest cumulative logprob), not streamed when ``best_of > n`` (as OpenAI);
+- ``n`` in 1..128 choices (child requests sharing the prompt's pages); completions'
+  ``best_of`` >= ``n`` (the ``n`` with the highest cumulative logprob), not streamed when
+  ``best_of > n`` (as OpenAI);
   ``stream_options`` only with ``stream: true`` (as OpenAI).
 - completions ``logprobs: N`` and ``echo`` (the prompt's text, and with ``logprobs`` its
   tokens' logprobs, the first null, before the generated ones); chat ``logprobs: true`` with
