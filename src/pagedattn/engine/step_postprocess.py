@@ -97,7 +97,7 @@ class StepPostprocessor:
         try:
             if result.prompt_logprobs is not None:
                 seq.add_prompt_logprobs(*result.prompt_logprobs)
-            if result.sample is not None:
+            if r.rows.sample is not None and result.sample is not None:  # check_output: both
                 kept += self._append_sample(seq, result.sample, now)
         finally:
             self._commit(r, seq, kept)
