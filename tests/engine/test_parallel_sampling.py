@@ -83,6 +83,13 @@ def test_n4_over_1000_tokens_children_hit_the_prompt_pages_and_equal_solo_runs(
     assert len({tuple(c.token_ids) for c in final.outputs}) > 1
 
 
+def test_children_of_a_prompt_without_a_full_page_do_not_wait() -> None:
+    engine = make_engine(tiny_model(), page_size=4, num_pages=64)
+    engine.add_request([7, 8, 9], SamplingParams(n=3, max_tokens=2, seed=3), request_id="s")
+    plan = engine.scheduler.schedule()
+    assert [r.request_id for r in plan.requests] == ["0_s", "1_s", "2_s"]
+
+
 def test_greedy_n3_gives_three_copies_of_the_n1_output() -> None:
     model = tiny_model()
     prompt = _prompt(23, model.config.vocab_size)

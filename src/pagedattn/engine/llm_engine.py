@@ -110,7 +110,8 @@ class LLMEngine:
             layer_groups=self.kv_layout.layer_groups,
         )
         self._requests = RequestBuilder(tokenizer, self.vocab_size, max_len, config.seed)
-        self._front = RequestFrontEnd(self.scheduler, self._requests, cc.enable_prefix_caching)
+        shared_page = cc.page_size if cc.enable_prefix_caching else None
+        self._front = RequestFrontEnd(self.scheduler, self._requests, shared_page)
 
     def close(self) -> None:
         """Finish queued tier writes and close the tier (idempotent; no-op without one)."""

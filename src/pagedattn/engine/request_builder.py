@@ -83,18 +83,20 @@ class RequestBuilder:
         params: SequenceABC[SamplingParams],
         request_ids: SequenceABC[str],
         arrival_time: float | None,
-        lead: bool = False,
+        lead_from: int | None = None,
     ) -> list[Sequence]:
         """One sequence per ``(params[i], request_ids[i])`` on one prompt (encoded once), their
         metrics shared: the child requests of a parent. Sequence ``i`` draws from
-        ``make_generator(params[i].seed)`` (a seed drawn here when None). ``lead``: every
-        sequence but the first waits for the first's prompt (``prefix_lead``).
+        ``make_generator(params[i].seed)`` (a seed drawn here when None). ``lead_from``: with a
+        prompt of at least that many tokens every sequence but the first waits for the first's
+        prompt (``prefix_lead``); None = none waits.
 
         Raises:
             ValueError: as :meth:`build`.
         """
         ids = self.encode(prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
+        lead = lead_from is not None and len(ids) >= lead_from
         seqs: list[Sequence] = []
         for p, request_id in zip(params, request_ids, strict=True):
             p.check_vocab(self.vocab_size)

@@ -3,10 +3,10 @@ scheduler and their outputs leave it.
 
 A request of one completion is one scheduler request under its own id. A request with ``n`` /
 ``best_of`` > 1 becomes a :class:`~pagedattn.engine.parent_request.ParentRequest` and its child
-requests; with prefix caching on, children ``1 ..`` wait in the queue until child 0 sampled
-its first token (its prompt's full pages are then in the prefix index), so they compute only
-the prompt's partial last page. Aborting the request aborts every child; a child's failure
-ends its siblings with the same error.
+requests; with prefix caching on and a prompt of one full page or more, children ``1 ..`` wait
+in the queue until child 0 sampled its first token (its prompt's full pages are then in the
+prefix index), so they compute only the prompt's partial last page. Aborting the request
+aborts every child; a child's failure ends its siblings with the same error.
 """
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ class RequestFrontEnd:
     Args:
         scheduler: where the (child) requests run.
         builder: builds their sequences.
-        prefix_caching: whether children 1.. wait for child 0's prompt pages.
+        shared_page: tokens a prompt needs for children 1.. to wait for child 0's prompt pages
+            (the page size); None = they never wait (prefix caching off).
     """
 
-    def __init__(self, scheduler: Scheduler, builder: RequestBuilder, prefix_caching: bool) -> None:
+    def __init__(
+        self, scheduler: Scheduler, builder: RequestBuilder, shared_page: int | None
+    ) -> None:
         self.scheduler = scheduler
         self.builder = builder
-        self.prefix_caching = prefix_caching
+        self.shared_page = shared_page
         self._parents: dict[str, ParentRequest] = {}
         self._by_child: dict[str, ParentRequest] = {}
 
@@ -64,7 +67,7 @@ class RequestFrontEnd:
         seed = params.seed if params.seed is not None else self.builder.draw_seed()
         seqs = self.builder.build_many(
             prompt, child_params(params, seed), parent.child_ids, arrival_time,
-            lead=self.prefix_caching,
+            lead_from=self.shared_page,
         )  # fmt: skip
         self._parents[request_id] = parent
         for seq in seqs:
