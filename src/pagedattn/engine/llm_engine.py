@@ -19,6 +19,7 @@ from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_kv import build_engine_kv, group_snapshots
 from pagedattn.engine.engine_stats import engine_stats
 from pagedattn.engine.kv_groups import group_usage, page_copier
+from pagedattn.engine.kv_restores import KVRestores
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -95,6 +96,11 @@ class LLMEngine:
         self.kv_tiers = kv.tiers
         self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
+        #: restores from the tier, read beside the steps (requests "waiting for KV")
+        self.kv_restores = None if self.kv_tier is None else KVRestores(
+            self.cache_manager, self.kv_tier, config.kv_store_deadline_s,
+            self.cache_manager.tier_errors,
+        )  # fmt: skip
         self.scheduler = Scheduler(
             cc,
             sc,
@@ -102,6 +108,7 @@ class LLMEngine:
             eos,
             engine_setup.max_model_len(cc, sc, mc),
             copy_pages=page_copier(self.kv_layout, self.page_pool),
+            restores=self.kv_restores,
         )
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
@@ -118,7 +125,10 @@ class LLMEngine:
         )
 
     def close(self) -> None:
-        """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
+        """Stop the tier's restores, finish its queued writes and close it (idempotent; no-op
+        without one)."""
+        if self.kv_restores is not None:
+            self.kv_restores.close()
         for tier in self.kv_tiers:
             tier.close()
 
@@ -184,8 +194,10 @@ class LLMEngine:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
         Each phase commits or rolls back: a schedule that raises gives back what it
-        reserved and the error propagates (the requests wait on, unchanged); a store that
-        raises during a lookup is a prefix-cache miss. A forward that raises fails only this
+        reserved and the error propagates (the requests wait on, unchanged). A request
+        restoring its prefix from the persistent tier waits for its KV beside the steps
+        (:mod:`pagedattn.engine.kv_restores`); a step with nothing else to run waits for it
+        a few milliseconds at most. A forward that raises fails only this
         step's requests (finish reason "error", the
         message in ``RequestOutput.error``); nothing they reserved enters the prefix cache.
         A row that fails alone (NaN logits, an undecodable token...) fails only its request.
@@ -202,7 +214,9 @@ class LLMEngine:
         """
         began = time.perf_counter()
         before = StepCounters.of(self.scheduler.stats, self.cache_manager)
-        plan = self._schedule()
+        plan = self.scheduler.schedule()
+        if not plan.requests and self.kv_restores is not None:
+            self.kv_restores.idle_wait()  # nothing to run but restores: no busy loop
         scheduled = time.perf_counter()
         pages_used = self.cache_manager.num_pages - self.cache_manager.allocator.num_free_pages
         group_bytes = tuple((g["name"], g["resident_bytes"]) for g in self.kv_group_usage())
@@ -229,12 +243,6 @@ class LLMEngine:
                              pages_used, timings, failed=failed)  # fmt: skip
         report = dataclasses.replace(report, kv_group_bytes=group_bytes)
         return StepResult(outputs, report)
-
-    def _schedule(self) -> StepPlan:
-        """This step's batch; the tier's lookups made while scheduling share one deadline."""
-        for tier in self.kv_tiers:
-            tier.begin_step()
-        return self.scheduler.schedule()
 
     def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:
         """Fail the step's requests; re-raise ``exc`` unless it is an ``Exception``."""

@@ -42,6 +42,7 @@ from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import rejection, request_pages
 from pagedattn.engine.forks import CopyPages
+from pagedattn.engine.kv_restores import KVRestores
 from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sequence import Sequence, SequenceStatus
@@ -65,6 +66,7 @@ class Scheduler:
         max_model_len: most tokens (prompt + generated) per request, None = unbounded.
         copy_pages: applies a fork's page copies to the KV (:meth:`PagePool.copy_pages`);
             None = requests with ``n`` / ``best_of`` > 1 fail when they fork.
+        restores: the persistent tier's restores (requests waiting for KV), None without one.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Scheduler:
         eos_token_ids: Collection[int],
         max_model_len: int | None,
         copy_pages: CopyPages | None = None,
+        restores: KVRestores | None = None,
     ) -> None:
         self.cache_config = cache_config
         self.config = scheduler_config
@@ -83,7 +86,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.stats = SchedulerStats()
         self.copy_pages = copy_pages
-        self.queues = RequestQueues(cache_manager, self.stats)
+        self.queues = RequestQueues(cache_manager, self.stats, restores)
         self.planner = StepPlanner(scheduler_config, cache_manager, self.queues, self.stats)
         self.postprocessor = StepPostprocessor(
             cache_manager, self.queues, self.stats, self.eos_token_ids, self.planner.drafter
@@ -151,7 +154,7 @@ class Scheduler:
                 self.running.remove(seq)
                 self.cache.free_sequence(seq.seq_id)
             else:
-                self.waiting.remove(seq)
+                self.queues.remove_waiting(seq)  # waiting, or waiting for its KV
             seq.finish(FINISH_ABORT, now)
         self.queues.finish_outside_step(group)
         return True
@@ -162,8 +165,10 @@ class Scheduler:
         return None if group is None else group.parent
 
     def has_unfinished(self) -> bool:
-        """True while a request is waiting or running, or an output is still to be returned."""
-        return bool(self.waiting or self.running or self.queues.pending)
+        """True while a request is waiting (for its KV too) or running, or an output is still
+        to be returned."""
+        q = self.queues
+        return bool(self.waiting or self.running or q.pending or q.num_waiting_for_kv)
 
     def max_pages_per_seq(
         self, num_prompt_tokens: int, max_tokens: int, num_completions: int = 1

@@ -14,7 +14,10 @@
 2. If nothing was preempted, waiting sequences are admitted in arrival order while sequences,
    budget and pages allow; each reuses every full cached page of its prefix. A resumed
    (preempted) sequence takes its arrival-order place in the running list, so it runs, and
-   is preempted, as the older request it is.
+   is preempted, as the older request it is. With a persistent tier, a sequence whose prefix
+   the tier may hold first waits for its KV (:mod:`pagedattn.engine.kv_restores`): it leaves
+   the queue while the tier is read beside the steps, and comes back to its front when the
+   records are in (or its deadline passed); its admission then copies them into the pool.
 
 While any running sequence decodes, the step's prompt work is bounded too (:class:`PrefillRoom`):
 its prompt pieces together may cost at most ``prefill_chunk_size`` tokens, a piece starting at
@@ -34,6 +37,7 @@ import math
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
+from pagedattn.engine.kv_restores import Begin
 from pagedattn.engine.request_queues import RequestQueues, may_admit, seats
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
@@ -69,7 +73,11 @@ class StepPlanner:
     def plan(self, journal: StepJournal) -> None:
         """Schedule the running sequences, then admit waiting ones, recording every
         reservation and admission in ``journal`` as it is made."""
-        running, waiting = self.queues.running, self.queues.waiting
+        running, waiting, restores = self.queues.running, self.queues.waiting, self.queues.restores
+        if restores is not None:
+            for seq in reversed(restores.poll()):  # their KV is read: first in the queue
+                seq.status = SequenceStatus.WAITING
+                waiting.appendleft(seq)
         budget = self.config.max_num_batched_tokens
         room = PrefillRoom(self.config, decoding=any(map(is_decoding, running)))
         preempted = False
@@ -98,6 +106,14 @@ class StepPlanner:
             occupied = sum(map(seats, running))
             while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
                 seq = waiting[0]
+                if restores is not None:
+                    begun = restores.begin(seq, lookup_tokens(seq))
+                    if begun is Begin.BUSY:
+                        break
+                    if begun is Begin.STARTED:  # waits for its KV, in no queue
+                        waiting.popleft()
+                        seq.status = SequenceStatus.WAITING_FOR_KV
+                        continue
                 n = self.admit(seq, budget, room)
                 if n == 0:
                     break
@@ -139,9 +155,9 @@ class StepPlanner:
         """Move the first waiting sequence to running with its prefix-cache hits; returns the
         tokens it computes this step, 0 (and nothing changed) when it does not fit the budget,
         the step's prefill room or the pages."""
-        # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
-        lookup = () if seq.needs_prompt_logits else seq.token_ids
-        num_cached = self.cache.add_sequence(seq.seq_id, lookup)
+        restores = self.queues.restores
+        fetched = None if restores is None else restores.records(seq)
+        num_cached = self.cache.add_sequence(seq.seq_id, lookup_tokens(seq), fetched=fetched)
         try:
             n = self.piece(seq, num_cached)
             whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
@@ -158,6 +174,8 @@ class StepPlanner:
             self.cache.free_sequence(seq.seq_id)
             return 0
         self.queues.waiting.popleft()
+        if restores is not None:
+            restores.admitted(seq)
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_cached
         self.queues.insert_running(seq)
@@ -169,6 +187,12 @@ class StepPlanner:
         seq.preempt()
         self.queues.waiting.appendleft(seq)
         self.stats.num_preemptions += 1
+
+
+def lookup_tokens(seq: Sequence) -> list[int] | tuple[()]:
+    """What a sequence's admission looks up in the prefix cache: its tokens, none when it asks
+    for prompt logprobs (every prompt row's logits: no hit then)."""
+    return () if seq.needs_prompt_logits else seq.token_ids
 
 
 def is_decoding(seq: Sequence) -> bool:
