@@ -1,0 +1,240 @@
+"""A restore from the persistent tier is a request state ("waiting for KV"), never a wait in a
+step: while a store holds a restore's read, the running streams go on decoding one token per
+step; once the records are in, the request answers as a cold run with the restored prefix as
+its cached tokens. Its deadline turns a held read into a counted miss (same text), and an abort
+while it waits leaks no page and no thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pagedattn.cache.hashing import PageKey
+from pagedattn.config import CacheConfig, EngineConfig
+from pagedattn.engine.llm_engine import LLMEngine
+from pagedattn.engine.outputs import RequestOutput
+from pagedattn.sampling_params import SamplingParams
+from pagedattn.storage import KVStore, StoredPage
+from pagedattn.storage.disk import DiskStore
+from pagedattn.storage.redis_store import RedisStore
+from tests.engine.helpers import assert_all_pages_free, drain, tiny_model, tokens
+from tests.redis_server import RedisServer
+
+PS = 4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+STREAM = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+_rng = np.random.default_rng(21)
+PROMPT = [int(t) for t in _rng.integers(3, 250, 37)]  # 9 full pages before the last token
+OTHER = [int(t) for t in _rng.integers(3, 250, 37)]
+STREAMS = {rid: [int(t) for t in _rng.integers(3, 250, n)] for rid, n in (("a", 5), ("b", 6))}
+MODEL = tiny_model(seed=4)
+HELD_S = 60.0  # a held read waits at most this long (a test that fails must not hang)
+
+
+class HeldStore:
+    """A store whose page reads wait until ``release`` is set (a stalled network)."""
+
+    def __init__(self, store: KVStore) -> None:
+        self.store = store
+        self.namespace = store.namespace
+        self.release = threading.Event()
+        self.entered = threading.Event()  # a read is waiting on ``release``
+        self.returned = threading.Event()  # a held read returned
+
+    def contains(self, page_hashes: Sequence[bytes]) -> list[bool]:
+        return self.store.contains(page_hashes)
+
+    def get(self, keys: Sequence[PageKey]) -> list[np.ndarray | None]:
+        self.entered.set()
+        self.release.wait(HELD_S)
+        try:
+            return self.store.get(keys)
+        finally:
+            self.returned.set()
+
+    def put(self, pages: Sequence[StoredPage]) -> int:
+        return self.store.put(pages)
+
+    def get_document(self, name: str) -> bytes | None:
+        return self.store.get_document(name)
+
+    def put_document(self, name: str, data: bytes) -> None:
+        self.store.put_document(name, data)
+
+    def replace_document(self, name: str, old: bytes | None, new: bytes) -> None:
+        self.store.replace_document(name, old, new)
+
+    def stats(self) -> dict[str, Any]:
+        return self.store.stats()
+
+    def close(self) -> None:
+        self.release.set()
+        self.store.close()
+
+
+def _config(**options: Any) -> EngineConfig:
+    return EngineConfig(cache=CacheConfig(page_size=PS, num_pages=64), **options)
+
+
+def _page_shape(engine: LLMEngine) -> tuple[int, ...]:
+    pool = engine.page_pool
+    return (pool.num_layers, 2, pool.num_kv_heads, pool.page_size, pool.head_dim)
+
+
+def _stored(tmp_path: Path) -> tuple[bytes, tuple[int, ...]]:
+    """Fill a disk store with PROMPT's and OTHER's pages; its namespace and page shape."""
+    writer = LLMEngine(_config(kv_store=str(tmp_path)), MODEL)
+    drain(writer, {0: [("r", PROMPT, GREEDY), ("o", OTHER, GREEDY)]})
+    writer.close()
+    return writer.namespace, _page_shape(writer)
+
+
+def _held_reader(tmp_path: Path, deadline_s: float = HELD_S) -> tuple[LLMEngine, HeldStore]:
+    namespace, shape = _stored(tmp_path)
+    store = HeldStore(DiskStore(tmp_path, namespace, shape))
+    return LLMEngine(_config(kv_store_deadline_s=deadline_s), MODEL, kv_store=store), store
+
+
+def _cold(prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
+    return tokens(drain(LLMEngine(_config(), MODEL), {0: [("c", prompt, params)]})["c"])
+
+
+def _by_request(outs: Sequence[RequestOutput]) -> dict[str, list[RequestOutput]]:
+    got: dict[str, list[RequestOutput]] = {}
+    for out in outs:
+        got.setdefault(out.request_id, []).append(out)
+    return got
+
+
+def _start_streams(engine: LLMEngine) -> list[RequestOutput]:
+    """Run the streams' prompts (their admission reads the store: nothing of them is there)."""
+    for rid, prompt in STREAMS.items():
+        engine.add_request(prompt, STREAM, request_id=rid)
+    outs: list[RequestOutput] = []
+    while not all(any(o.request_id == rid for o in outs) for rid in STREAMS):
+        outs += engine.step()
+    return outs
+
+
+def _decode_while_waiting(
+    engine: LLMEngine, held: threading.Event | None, steps: int
+) -> list[RequestOutput]:
+    """Start the restore of PROMPT; while its read is held on the store (``held``: set once
+    the read is there), the streams get one token each per step and the restoring request
+    nothing."""
+    outs: list[RequestOutput] = []
+    engine.add_request(PROMPT, GREEDY, request_id="r")
+    outs += engine.step()  # its restore starts; the streams decode
+    assert held is None or held.wait(HELD_S), "the restore never read the store"
+    for _ in range(steps):
+        step = engine.step()
+        got = _by_request(step)
+        assert sorted(got) == ["a", "b"], "only the running streams produced output"
+        assert all(len(tokens(got[rid])) == 1 for rid in got)
+        assert step.report.num_seqs == 2 and step.report.num_tier_restored_tokens == 0
+        assert engine.get_stats()["num_waiting_for_kv"] == 1
+        outs += step
+    return outs
+
+
+def test_streams_decode_while_a_restore_waits_on_the_store(tmp_path: Path) -> None:
+    engine, store = _held_reader(tmp_path)
+    outs = _start_streams(engine)
+    outs += _decode_while_waiting(engine, store.entered, steps=8)
+    assert engine.get_stats()["tier_restored_tokens"] == 0
+    store.release.set()
+    restored = 0
+    while engine.has_unfinished_requests():
+        step = engine.step()
+        restored += step.report.num_tier_restored_tokens
+        outs += step
+    got = _by_request(outs)
+    assert tokens(got["r"]) == _cold(PROMPT)
+    assert got["r"][-1].num_cached_tokens == 36  # the 9 restored pages
+    assert restored == 36 == engine.get_stats()["tier_restored_tokens"]
+    for rid, prompt in STREAMS.items():
+        assert tokens(got[rid]) == _cold(prompt, STREAM), rid
+    assert engine.get_stats()["kv_store"]["errors"] == {}
+    assert_all_pages_free(engine)
+    engine.close()
+
+
+def test_the_deadline_turns_a_held_read_into_a_counted_miss(tmp_path: Path) -> None:
+    engine, _ = _held_reader(tmp_path, deadline_s=0.05)
+    outs = drain(engine, {0: [("r", PROMPT, GREEDY)]})["r"]
+    assert tokens(outs) == _cold(PROMPT) and outs[-1].num_cached_tokens == 0
+    stats = engine.get_stats()
+    assert stats["tier_restored_tokens"] == 0 and stats["num_waiting_for_kv"] == 0
+    tier = stats["kv_store"]
+    assert tier["lookups_timed_out"] == 1 and tier["lookup_pages_dropped"] == 9
+    assert tier["errors"]["deadline"] == 1
+    # The read given up is still held on the store: the next restore is a miss at once.
+    first = engine.add_request(OTHER, GREEDY, request_id="o")
+    step = engine.step()
+    assert step.report.num_seqs == 1 and engine.get_stats()["num_waiting_for_kv"] == 0
+    rest = drain(engine)
+    assert tokens([*step, *rest.get(first, [])]) == _cold(OTHER)
+    tier = engine.get_stats()["kv_store"]
+    assert tier["lookups_skipped"] == 1 and tier["lookup_pages_dropped"] == 9 + 9
+    assert tier["errors"]["deadline"] == 2
+    assert_all_pages_free(engine)
+    engine.close()
+
+
+def test_an_abort_while_waiting_for_kv_leaks_nothing(tmp_path: Path) -> None:
+    engine, store = _held_reader(tmp_path)
+    free = engine.cache_manager.allocator.num_free_pages
+    engine.add_request(PROMPT, GREEDY, request_id="r")
+    assert not engine.step().report.ran_model  # it waits for its KV
+    assert store.entered.wait(HELD_S)
+    assert engine.get_stats()["num_waiting_for_kv"] == 1
+    assert engine.abort("r")
+    (final,) = engine.step()
+    assert final.request_id == "r" and final.finished
+    assert final.outputs[0].finish_reason == "abort" and not final.outputs[0].token_ids
+    assert not engine.has_unfinished_requests()
+    store.release.set()  # the abandoned read returns on the restore thread; nothing uses it
+    assert store.returned.wait(HELD_S)
+    engine.step()
+    stats = engine.get_stats()
+    assert stats["num_waiting_for_kv"] == 0 and stats["tier_restored_tokens"] == 0
+    assert stats["kv_store"]["pages_restored"] == 0
+    assert engine.cache_manager.allocator.num_free_pages == free
+    assert_all_pages_free(engine)
+    engine.close()
+    give_up = time.monotonic() + HELD_S
+    while any(t.name.startswith("kv-restore") for t in threading.enumerate()):
+        assert time.monotonic() < give_up, "the restore thread outlived close()"
+        time.sleep(0.01)
+
+
+def test_a_paused_redis_holds_only_the_restoring_request(redis_server: RedisServer) -> None:
+    probe = LLMEngine(_config(), MODEL)
+    namespace, shape = probe.namespace, _page_shape(probe)
+
+    def redis() -> RedisStore:
+        return RedisStore(redis_server.url, namespace, shape, timeout_s=HELD_S)
+
+    writer = LLMEngine(_config(), MODEL, kv_store=redis())
+    drain(writer, {0: [("r", PROMPT, GREEDY)]})
+    writer.close()
+    engine = LLMEngine(_config(kv_store_deadline_s=HELD_S), MODEL, kv_store=redis())
+    outs = _start_streams(engine)
+    redis_server.pause()  # SIGSTOP: the restore's first request is never answered
+    try:
+        outs += _decode_while_waiting(engine, None, steps=6)
+    finally:
+        redis_server.resume()
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    got = _by_request(outs)
+    assert tokens(got["r"]) == _cold(PROMPT) and got["r"][-1].num_cached_tokens == 36
+    for rid, prompt in STREAMS.items():
+        assert tokens(got[rid]) == _cold(prompt, STREAM), rid
+    assert_all_pages_free(engine)
+    engine.close()
