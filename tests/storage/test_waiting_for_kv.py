@@ -1,8 +1,9 @@
 """A restore from the persistent tier is a request state ("waiting for KV"), never a wait in a
 step: while a store holds a restore's read, the running streams go on decoding one token per
 step; once the records are in, the request answers as a cold run with the restored prefix as
-its cached tokens. Its deadline turns a held read into a counted miss (same text), and an abort
-while it waits leaks no page and no thread."""
+its cached tokens (on a model with sliding-window layers, both layer groups' pages). Its
+deadline turns a held read into a counted miss (same text), and an abort while it waits leaks
+no page and no thread."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from pagedattn.cache.hashing import PageKey
 from pagedattn.config import CacheConfig, EngineConfig
@@ -31,7 +33,8 @@ STREAM = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 _rng = np.random.default_rng(21)
 PROMPT = [int(t) for t in _rng.integers(3, 250, 37)]  # 9 full pages before the last token
 OTHER = [int(t) for t in _rng.integers(3, 250, 37)]
-STREAMS = {rid: [int(t) for t in _rng.integers(3, 250, n)] for rid, n in (("a", 5), ("b", 6))}
+# no full page before their last token: nothing to restore, both run from their first step
+STREAMS = {rid: [int(t) for t in _rng.integers(3, 250, n)] for rid, n in (("a", 3), ("b", 4))}
 MODEL = tiny_model(seed=4)
 HELD_S = 60.0  # a held read waits at most this long (a test that fails must not hang)
 
@@ -100,8 +103,8 @@ def _held_reader(tmp_path: Path, deadline_s: float = HELD_S) -> tuple[LLMEngine,
     return LLMEngine(_config(kv_store_deadline_s=deadline_s), MODEL, kv_store=store), store
 
 
-def _cold(prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
-    return tokens(drain(LLMEngine(_config(), MODEL), {0: [("c", prompt, params)]})["c"])
+def _cold(prompt: list[int], params: SamplingParams = GREEDY, model: Any = MODEL) -> list[int]:
+    return tokens(drain(LLMEngine(_config(), model), {0: [("c", prompt, params)]})["c"])
 
 
 def _by_request(outs: Sequence[RequestOutput]) -> dict[str, list[RequestOutput]]:
@@ -112,13 +115,12 @@ def _by_request(outs: Sequence[RequestOutput]) -> dict[str, list[RequestOutput]]
 
 
 def _start_streams(engine: LLMEngine) -> list[RequestOutput]:
-    """Run the streams' prompts (their admission reads the store: nothing of them is there)."""
+    """Run the streams' prompts and sample their first tokens (one step)."""
     for rid, prompt in STREAMS.items():
         engine.add_request(prompt, STREAM, request_id=rid)
-    outs: list[RequestOutput] = []
-    while not all(any(o.request_id == rid for o in outs) for rid in STREAMS):
-        outs += engine.step()
-    return outs
+    outs = engine.step()
+    assert sorted(_by_request(outs)) == ["a", "b"]
+    return list(outs)
 
 
 def _decode_while_waiting(
@@ -144,10 +146,12 @@ def _decode_while_waiting(
 
 def test_streams_decode_while_a_restore_waits_on_the_store(tmp_path: Path) -> None:
     engine, store = _held_reader(tmp_path)
-    outs = _start_streams(engine)
-    outs += _decode_while_waiting(engine, store.entered, steps=8)
-    assert engine.get_stats()["tier_restored_tokens"] == 0
-    store.release.set()
+    try:
+        outs = _start_streams(engine)
+        outs += _decode_while_waiting(engine, store.entered, steps=8)
+        assert engine.get_stats()["tier_restored_tokens"] == 0
+    finally:
+        store.release.set()
     restored = 0
     while engine.has_unfinished_requests():
         step = engine.step()
@@ -206,9 +210,11 @@ def test_an_abort_while_waiting_for_kv_leaks_nothing(tmp_path: Path) -> None:
     assert stats["kv_store"]["pages_restored"] == 0
     assert engine.cache_manager.allocator.num_free_pages == free
     assert_all_pages_free(engine)
+    restores = engine.kv_restores
+    assert restores is not None
     engine.close()
     give_up = time.monotonic() + HELD_S
-    while any(t.name.startswith("kv-restore") for t in threading.enumerate()):
+    while any(t.name.startswith(restores.thread_name) for t in threading.enumerate()):
         assert time.monotonic() < give_up, "the restore thread outlived close()"
         time.sleep(0.01)
 
@@ -236,5 +242,45 @@ def test_a_paused_redis_holds_only_the_restoring_request(redis_server: RedisServ
     assert tokens(got["r"]) == _cold(PROMPT) and got["r"][-1].num_cached_tokens == 36
     for rid, prompt in STREAMS.items():
         assert tokens(got[rid]) == _cold(prompt, STREAM), rid
+    assert_all_pages_free(engine)
+    engine.close()
+
+
+def test_a_hybrid_model_restores_both_groups_while_streams_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layer 0 slides over 8 tokens, layer 1 sees everything: two layer groups, each with its
+    own records. The sliding group's read (after the full group's: it needs the hit point)
+    is held; the streams decode meanwhile."""
+    model = tiny_model(seed=4, layer_windows=(8, 0))
+    writer = LLMEngine(_config(kv_store=str(tmp_path)), model)
+    drain(writer, {0: [("r", PROMPT, GREEDY)]})
+    writer.close()
+    engine = LLMEngine(_config(kv_store=str(tmp_path), kv_store_deadline_s=HELD_S), model)
+    assert len(engine.kv_tiers) == 2
+    sliding = engine.kv_tiers[1]
+    entered, release, real_fetch = threading.Event(), threading.Event(), sliding.fetch
+
+    def held_fetch(job: Any) -> None:
+        entered.set()
+        release.wait(HELD_S)
+        real_fetch(job)
+
+    monkeypatch.setattr(sliding, "fetch", held_fetch)
+    try:
+        outs = _start_streams(engine)
+        outs += _decode_while_waiting(engine, entered, steps=6)
+    finally:
+        release.set()
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    got = _by_request(outs)
+    assert tokens(got["r"]) == _cold(PROMPT, model=model)
+    assert got["r"][-1].num_cached_tokens == 36
+    # the full group's 9 pages; the sliding group's pages a query at position 36 sees
+    # (positions 29-36: pages 7 and 8)
+    assert [t.stats()["pages_restored"] for t in engine.kv_tiers] == [9, 2]
+    for rid, prompt in STREAMS.items():
+        assert tokens(got[rid]) == _cold(prompt, STREAM, model), rid
     assert_all_pages_free(engine)
     engine.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import itertools
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from pagedattn.storage import KVTier
 
 logger = logging.getLogger("pagedattn.engine")
+_ENGINES = itertools.count()
 
 #: Reads queued or running on the restore thread at once.
 MAX_IN_FLIGHT = 4
@@ -101,7 +103,9 @@ class KVRestores:
         self.errors = errors
         self.max_in_flight = max_in_flight
         self._clock = clock
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, "kv-restore")
+        #: the restore thread's name (one per engine)
+        self.thread_name = f"kv-restore-{next(_ENGINES)}"
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, self.thread_name)
         self._futures: list[concurrent.futures.Future[None]] = []
         self._restoring: dict[int, _Restore] = {}  # by seq id, in start order
         self._ready: dict[int, FetchedPages] = {}
