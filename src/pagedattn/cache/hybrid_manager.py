@@ -145,12 +145,9 @@ class HybridCacheManager(CacheManager):
     # ---- lifecycle -------------------------------------------------------------------------
 
     def add_sequence(
-        self,
-        seq_id: Hashable,
-        prompt_token_ids: Sequence[int] | np.ndarray = (),
-        *,
+        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = (), *,
         fetched: FetchedPages | None = None,
-    ) -> int:
+    ) -> int:  # fmt: skip
         """Register a sequence in every group with the longest prefix hit every group holds
         (:mod:`pagedattn.cache.hybrid_hits`); returns the cached tokens (see
         :meth:`CacheManager.add_sequence`; ``fetched`` holds each group's records)."""

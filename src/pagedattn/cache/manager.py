@@ -135,12 +135,9 @@ class CacheManager(SequenceTables):
     # ---- lifecycle -----------------------------------------------------------------------
 
     def add_sequence(
-        self,
-        seq_id: Hashable,
-        prompt_token_ids: Sequence[int] | np.ndarray = (),
-        *,
+        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = (), *,
         fetched: FetchedPages | None = None,
-    ) -> int:
+    ) -> int:  # fmt: skip
         """Register a sequence and reuse the cached full pages of its prompt's prefix.
 
         Only full pages hit, each verified by exact token ids and parent; when the whole

@@ -19,7 +19,6 @@ from pagedattn.engine import engine_setup
 from pagedattn.engine.engine_kv import build_engine_kv, group_snapshots
 from pagedattn.engine.engine_stats import engine_stats
 from pagedattn.engine.kv_groups import group_usage, page_copier
-from pagedattn.engine.kv_restores import KVRestores
 from pagedattn.engine.model_runner import Model, ModelRunner
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.engine.request_builder import RequestBuilder
@@ -97,10 +96,7 @@ class LLMEngine:
         self.cache_manager = self.kv_layout.manager
         eos = engine_setup.stop_token_ids(tokenizer, mc)
         #: restores from the tier, read beside the steps (requests "waiting for KV")
-        self.kv_restores = None if self.kv_tier is None else KVRestores(
-            self.cache_manager, self.kv_tier, config.kv_store_deadline_s,
-            self.cache_manager.tier_errors,
-        )  # fmt: skip
+        self.kv_restores = kv.restores
         self.scheduler = Scheduler(
             cc,
             sc,
