@@ -18,6 +18,7 @@ import pytest
 
 from pagedattn.cache.hashing import PageKey
 from pagedattn.config import CacheConfig, EngineConfig
+from pagedattn.engine.kv_restores import MAX_IN_FLIGHT
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
 from pagedattn.sampling_params import SamplingParams
@@ -282,5 +283,36 @@ def test_a_hybrid_model_restores_both_groups_while_streams_decode(
     assert [t.stats()["pages_restored"] for t in engine.kv_tiers] == [9, 2]
     for rid, prompt in STREAMS.items():
         assert tokens(got[rid]) == _cold(prompt, STREAM, model), rid
+    assert_all_pages_free(engine)
+    engine.close()
+
+
+def test_reads_in_flight_are_bounded_and_the_next_request_waits_its_turn(tmp_path: Path) -> None:
+    """With the store held, MAX_IN_FLIGHT restores wait for their KV; the next request stays
+    first in the waiting queue (its turn comes, it is no miss), and every one is restored."""
+    prompts = {f"p{i}": [int(t) for t in _rng.integers(3, 250, 13)] for i in range(5)}
+    writer = LLMEngine(_config(kv_store=str(tmp_path)), MODEL)
+    drain(writer, {0: [(rid, p, GREEDY) for rid, p in prompts.items()]})
+    writer.close()
+    store = HeldStore(DiskStore(tmp_path, writer.namespace, _page_shape(writer)))
+    engine = LLMEngine(_config(kv_store_deadline_s=HELD_S), MODEL, kv_store=store)
+    try:
+        for rid, prompt in prompts.items():
+            engine.add_request(prompt, GREEDY, request_id=rid)
+        for _ in range(3):
+            assert not engine.step().report.ran_model
+            stats = engine.get_stats()
+            assert stats["num_waiting_for_kv"] == MAX_IN_FLIGHT == 4
+            assert stats["num_waiting"] == 5  # the fifth waits in the queue
+        assert store.entered.wait(HELD_S)
+    finally:
+        store.release.set()
+    got = drain(engine)
+    for rid, prompt in prompts.items():
+        assert tokens(got[rid]) == _cold(prompt), rid
+        assert got[rid][-1].num_cached_tokens == 12, rid  # 3 full pages before the last token
+    stats = engine.get_stats()
+    assert stats["tier_restored_tokens"] == 5 * 12
+    assert stats["kv_store"]["errors"] == {} and stats["kv_store"]["lookups_skipped"] == 0
     assert_all_pages_free(engine)
     engine.close()

@@ -211,8 +211,6 @@ class LLMEngine:
         began = time.perf_counter()
         before = StepCounters.of(self.scheduler.stats, self.cache_manager)
         plan = self.scheduler.schedule()
-        if not plan.requests and self.kv_restores is not None:
-            self.kv_restores.idle_wait()  # nothing to run but restores: no busy loop
         scheduled = time.perf_counter()
         pages_used = self.cache_manager.num_pages - self.cache_manager.allocator.num_free_pages
         group_bytes = tuple((g["name"], g["resident_bytes"]) for g in self.kv_group_usage())
@@ -238,6 +236,8 @@ class LLMEngine:
         report = step_report(plan, counters.since(before), self.cache_manager.num_pages,
                              pages_used, timings, failed=failed)  # fmt: skip
         report = dataclasses.replace(report, kv_group_bytes=group_bytes)
+        if not plan.requests and self.kv_restores is not None:
+            self.kv_restores.idle_wait()  # nothing to run but restores: no busy loop
         return StepResult(outputs, report)
 
     def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:
