@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pagedattn.cache.hashing import PageKey
-from pagedattn.config import CacheConfig, EngineConfig
+from pagedattn.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedattn.engine.kv_restores import MAX_IN_FLIGHT
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.engine.outputs import RequestOutput
@@ -314,5 +314,26 @@ def test_reads_in_flight_are_bounded_and_the_next_request_waits_its_turn(tmp_pat
     stats = engine.get_stats()
     assert stats["tier_restored_tokens"] == 5 * 12
     assert stats["kv_store"]["errors"] == {} and stats["kv_store"]["lookups_skipped"] == 0
+    assert_all_pages_free(engine)
+    engine.close()
+
+
+def test_the_read_overlaps_the_wait_for_a_seat(tmp_path: Path) -> None:
+    """Both seats (``max_num_seqs=2``) are taken by the streams: the third request's restore
+    starts anyway, and it is admitted with its restored prefix once a stream ends."""
+    namespace, shape = _stored(tmp_path)
+    store = DiskStore(tmp_path, namespace, shape)
+    two = SchedulerConfig(max_num_seqs=2)
+    engine = LLMEngine(_config(scheduler=two, kv_store_deadline_s=HELD_S), MODEL, kv_store=store)
+    outs = _start_streams(engine)
+    engine.add_request(PROMPT, GREEDY, request_id="r")
+    step = engine.step()
+    assert sorted(_by_request(step)) == ["a", "b"]
+    assert engine.get_stats()["num_waiting_for_kv"] == 1  # no seat, yet its read runs
+    outs += step
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    got = _by_request(outs)
+    assert tokens(got["r"]) == _cold(PROMPT) and got["r"][-1].num_cached_tokens == 36
     assert_all_pages_free(engine)
     engine.close()

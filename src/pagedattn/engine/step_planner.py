@@ -15,8 +15,9 @@
    budget and pages allow; each reuses every full cached page of its prefix. A resumed
    (preempted) sequence takes its arrival-order place in the running list, so it runs, and
    is preempted, as the older request it is. With a persistent tier, a sequence whose prefix
-   the tier may hold first waits for its KV (:mod:`pagedattn.engine.kv_restores`): it leaves
-   the queue while the tier is read beside the steps, and comes back to its front when the
+   the tier may hold first waits for its KV (:mod:`pagedattn.engine.kv_restores`) as soon as
+   it is first in the queue (so the read overlaps a wait for a seat or budget): it leaves the
+   queue while the tier is read beside the steps, and comes back to its front when the
    records are in (or its deadline passed); its admission then copies them into the pool.
 
 While any running sequence decodes, the step's prompt work is bounded too (:class:`PrefillRoom`):
@@ -104,9 +105,9 @@ class StepPlanner:
         if not preempted:
             limit = self.config.max_num_seqs
             occupied = sum(map(seats, running))
-            while waiting and may_admit(occupied, waiting[0], limit) and budget > 0:
+            while waiting:
                 seq = waiting[0]
-                if restores is not None:
+                if restores is not None:  # its read overlaps any wait for a seat or budget
                     begun = restores.begin(seq, lookup_tokens(seq))
                     if begun is Begin.BUSY:
                         break
@@ -114,6 +115,8 @@ class StepPlanner:
                         waiting.popleft()
                         seq.status = SequenceStatus.WAITING_FOR_KV
                         continue
+                if not may_admit(occupied, seq, limit) or budget <= 0:
+                    break
                 n = self.admit(seq, budget, room)
                 if n == 0:
                     break
