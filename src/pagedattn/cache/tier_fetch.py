@@ -92,10 +92,6 @@ class FetchedPages:
             return None
         return FetchedTier(tier, self.groups[group] if group < len(self.groups) else {})
 
-    @property
-    def num_pages(self) -> int:
-        return sum(len(g) for g in self.groups)
-
 
 #: No records: an admission that reads nothing from the tier (a miss, or nothing to restore).
 NO_PAGES = FetchedPages()
@@ -134,7 +130,7 @@ class TierFetch:
         self.error: BaseException | None = None
         self._tier = tier
         self._windows = tuple(windows)
-        self._jobs = [FetchJob(keys)]
+        self._jobs = {0: FetchJob(keys)}  # by layer group
         self._lock = threading.Lock()
         self._abandoned = False
         self.done = threading.Event()
@@ -157,7 +153,7 @@ class TierFetch:
         if top == self.first:
             return
         ps = self.page_size
-        for w in self._windows:
+        for g, w in enumerate(self._windows, start=1):
             indices = [*range(min(w.num_sink_pages, top)),
                        *visible_pages(top, w.window, w.num_sink_pages, ps)]  # fmt: skip
             need = [w.keys[i] for i in indices if not w.present[i]]
@@ -167,7 +163,7 @@ class TierFetch:
             with self._lock:
                 if self._abandoned:
                     return
-                self._jobs.append(job)
+                self._jobs[g] = job
             w.tier.fetch(job)
             if len(job.pages) < len(need):
                 return  # the hit cannot reach ``top``: the rest of the groups are not read
@@ -176,7 +172,7 @@ class TierFetch:
         """Stop reading (the deadline, or the request ended); what was read stays readable."""
         with self._lock:
             self._abandoned = True
-            for job in self._jobs:
+            for job in self._jobs.values():
                 with job.lock:
                     job.abandoned = True
 
@@ -188,8 +184,9 @@ class TierFetch:
     def result(self) -> FetchedPages:
         """The records read so far, per group."""
         with self._lock:
-            jobs = list(self._jobs)
-        return FetchedPages(tuple(job.taken() for job in jobs))
+            jobs = dict(self._jobs)
+        groups = range(1 + len(self._windows))
+        return FetchedPages(tuple(jobs[g].taken() if g in jobs else {} for g in groups))
 
 
 def page_key(hashes: Sequence[PageHash], tokens: np.ndarray, i: int, page_size: int) -> PageKey:
