@@ -135,6 +135,17 @@ class TierFetch:
         self._abandoned = False
         self.done = threading.Event()
 
+    def covers(self, other: TierFetch) -> bool:
+        """Whether this read fetches every record ``other`` would (the same start and group 0
+        keys, or a prefix of them; the same keys when sliding groups read a window, which
+        depends on where group 0's run ends)."""
+        mine, theirs = self._jobs[0].keys, other._jobs[0].keys
+        if self.first != other.first or len(theirs) > len(mine):
+            return False
+        if self._windows or other._windows:
+            return list(mine) == list(theirs) and not self._abandoned
+        return list(mine[: len(theirs)]) == list(theirs) and not self._abandoned
+
     def run(self) -> None:
         """Read the records (restore thread); ``done`` is set at the end whatever happened."""
         try:

@@ -17,10 +17,12 @@ tier-restored. A deadline that passed is counted on the tier (``lookups_timed_ou
 ``tier_errors["lookup"]``; the request computes what was not read. While a read given up at
 its deadline is still on the store, a new restore is a miss at once (``lookups_skipped``).
 
-Bounds: at most ``max_in_flight`` reads are queued or running on the one restore thread (the
-head of the waiting queue waits for a free one, at most a deadline); records are kept only for
-requests between their restore and their admission. An abort (:meth:`KVRestores.cancel`)
-abandons the read and drops its records; no page was taken before admission.
+A request whose records a read in flight already covers (a burst of requests sharing a prefix)
+waits on that read instead of starting its own. Bounds: at most ``max_in_flight`` reads are
+queued or running on the one restore thread (the head of the waiting queue waits for a free
+one, at most a deadline); records are kept only for requests between their restore and their
+admission. An abort (:meth:`KVRestores.cancel`) abandons the read (unless another request
+waits on it) and drops its records; no page was taken before admission.
 """
 
 from __future__ import annotations
@@ -129,6 +131,10 @@ class KVRestores:
         if self._overrun is not None and not self._overrun.done.is_set():
             self.tier.count_deadline(skipped=True, pages_dropped=fetch.num_asked)
             return Begin.ADMIT
+        for r in self._restoring.values():  # a read in flight holds them all: wait for it
+            if r.fetch.covers(fetch):
+                self._restoring[seq.seq_id] = _Restore(seq, r.fetch, r.deadline)
+                return Begin.STARTED
         self._futures = [f for f in self._futures if not f.done()]
         if len(self._futures) >= self.max_in_flight:
             return Begin.BUSY
@@ -184,7 +190,8 @@ class KVRestores:
         r = self._restoring.pop(seq.seq_id, None)
         if r is None:
             return False
-        r.fetch.abandon()
+        if all(other.fetch is not r.fetch for other in self._restoring.values()):
+            r.fetch.abandon()  # no other request waits on this read
         return True
 
     def idle_wait(self, max_s: float = IDLE_WAIT_S) -> None:
