@@ -131,10 +131,10 @@ class KVRestores:
         if self._overrun is not None and not self._overrun.done.is_set():
             self.tier.count_deadline(skipped=True, pages_dropped=fetch.num_asked)
             return Begin.ADMIT
-        for r in self._restoring.values():  # a read in flight holds them all: wait for it
-            if r.fetch.covers(fetch):
-                self._restoring[seq.seq_id] = _Restore(seq, r.fetch, r.deadline)
-                return Begin.STARTED
+        shared = next((r for r in self._restoring.values() if r.fetch.covers(fetch)), None)
+        if shared is not None:  # a read in flight holds every record it needs: wait for it
+            self._restoring[seq.seq_id] = _Restore(seq, shared.fetch, shared.deadline)
+            return Begin.STARTED
         self._futures = [f for f in self._futures if not f.done()]
         if len(self._futures) >= self.max_in_flight:
             return Begin.BUSY
