@@ -107,16 +107,17 @@ def test_an_interrupt_during_restore_leaks_no_page(
     drain(engine, {0: [("head", STORED[:9], GREEDY)]})  # pages 0-1 now hit in memory
     tier = engine.kv_tier
     assert tier is not None
-    real_lookup = tier.lookup
+    real_load = tier.load
 
-    def lookup(keys: Any) -> Any:
-        monkeypatch.setattr(tier, "lookup", real_lookup)  # once
+    def load(page_id: int, kv: np.ndarray) -> None:  # copying the records into the pool
+        monkeypatch.setattr(tier, "load", real_load)  # once
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tier, "lookup", lookup)
+    monkeypatch.setattr(tier, "load", load)
     engine.add_request(STORED, GREEDY, request_id="s")
-    with pytest.raises(KeyboardInterrupt):
-        engine.step()
+    with pytest.raises(KeyboardInterrupt):  # the step that admits it, once its KV is read
+        for _ in range(10_000):
+            engine.step()
     assert_all_pages_free(engine)  # the touched hits were released, nothing is referenced
     outs = drain(engine, {0: [("o0", OTHERS[0], GREEDY)]})
     assert tokens(outs["s"]) == _clean(STORED) and outs["s"][-1].num_cached_tokens == 20

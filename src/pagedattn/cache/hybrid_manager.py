@@ -25,6 +25,7 @@ from pagedattn.cache.hybrid_tier import extend_from_tiers
 from pagedattn.cache.layer_groups import LayerGroup, effective_window
 from pagedattn.cache.manager import CacheManager
 from pagedattn.cache.sequence_pages import SequencePages, pad_page_tables, validate_token_ids
+from pagedattn.cache.tier_fetch import FetchedPages
 from pagedattn.cache.tier_pages import PageTier
 
 
@@ -144,11 +145,12 @@ class HybridCacheManager(CacheManager):
     # ---- lifecycle -------------------------------------------------------------------------
 
     def add_sequence(
-        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = ()
-    ) -> int:
+        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = (), *,
+        fetched: FetchedPages | None = None,
+    ) -> int:  # fmt: skip
         """Register a sequence in every group with the longest prefix hit every group holds
         (:mod:`pagedattn.cache.hybrid_hits`); returns the cached tokens (see
-        :meth:`CacheManager.add_sequence`)."""
+        :meth:`CacheManager.add_sequence`; ``fetched`` holds each group's records)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already exists")
         tokens = validate_token_ids(prompt_token_ids)
@@ -170,8 +172,12 @@ class HybridCacheManager(CacheManager):
                 seqs[0].take_cached_prefix(tokens, hashes[0][:h], self.allocator, ps)
             else:  # the tier continues group 0's in-memory chain
                 seqs[0].take_cached_prefix(tokens, hashes[0][:chain], self.allocator, ps)
+                tiers = [
+                    m.tier if fetched is None else fetched.tier(g, m.tier)
+                    for g, m in enumerate(self.group_managers)
+                ]
                 top, extra, owned = extend_from_tiers(
-                    self.group_managers, seqs[0], tokens, hashes, h, self.tier_errors
+                    self.group_managers, tiers, seqs[0], tokens, hashes, h, self.tier_errors
                 )
                 if top > h:
                     self.tier_restored_tokens += (top - chain) * ps

@@ -21,7 +21,7 @@ import numpy as np
 from pagedattn.cache.hashing import PageHash, PageKey
 from pagedattn.cache.hybrid_hits import cached_pages, visible_pages
 from pagedattn.cache.sequence_pages import SequencePages
-from pagedattn.cache.tier_pages import restore_or_miss
+from pagedattn.cache.tier_pages import PageTier, restore_or_miss
 
 if TYPE_CHECKING:
     from pagedattn.cache.manager import CacheManager
@@ -35,8 +35,8 @@ def _key(hashes: Sequence[PageHash], tokens: np.ndarray, i: int, ps: int) -> Pag
 
 
 def _restore_window(
-    m: CacheManager, hashes: Sequence[PageHash], tokens: np.ndarray, h: int,
-    errors: Counter[str],
+    m: CacheManager, tier: PageTier | None, hashes: Sequence[PageHash], tokens: np.ndarray,
+    h: int, errors: Counter[str],
 ) -> tuple[list[int | None], list[int]] | None:  # fmt: skip
     """The group's page ids of the first ``h`` pages (None where absent) with every page a
     hit at ``h`` needs present, restoring the missing ones from the group's tier; with the
@@ -52,10 +52,10 @@ def _restore_window(
     reclaim = m.eviction.reclaim
     if not need:
         return present, []
-    if m.tier is None or len(need) > m.allocator.num_allocatable(reclaim_cached=reclaim):
+    if tier is None or len(need) > m.allocator.num_allocatable(reclaim_cached=reclaim):
         return None
     try:
-        kvs = m.tier.lookup([_key(hashes, tokens, i, ps) for i in need])
+        kvs = tier.lookup([_key(hashes, tokens, i, ps) for i in need])
     except Exception:
         errors["lookup"] += 1
         logger.warning("kv_store lookup failed: a prefix-cache miss", exc_info=True)
@@ -69,7 +69,7 @@ def _restore_window(
         record = None if parent is None else m.allocator.cached_page(parent)
         key = _key(hashes, tokens, i, ps)
         try:
-            m.tier.load(page_id, kv)
+            tier.load(page_id, kv)
             serial = m.allocator.register(
                 page_id, key.page_hash, key.parent_hash, key.token_ids,
                 None if record is None else record.serial,
@@ -91,6 +91,7 @@ def _restore_window(
 
 def extend_from_tiers(
     managers: Sequence[CacheManager],
+    tiers: Sequence[PageTier | None],
     seq0: SequencePages,
     tokens: np.ndarray,
     hashes: Sequence[Sequence[PageHash]],
@@ -99,6 +100,7 @@ def extend_from_tiers(
 ) -> tuple[int, list[list[int | None]], list[tuple[CacheManager, int]]]:
     """Extend a hybrid hit from the groups' tiers (see the module doc).
 
+    ``tiers[g]`` is group ``g``'s tier (its manager's, or the records fetched for it).
     ``seq0`` is group 0's table holding its in-memory chain (at least ``h`` pages, ``h`` being
     the in-memory hit of every group); it takes the restored pages, and is cut back to ``h``
     pages when the hit cannot grow.
@@ -110,11 +112,12 @@ def extend_from_tiers(
         groups, each with one reference the caller gives back once its table took them.
     """
     group0, ps = managers[0], managers[0].page_size
-    assert group0.tier is not None
+    tier0 = tiers[0]
+    assert tier0 is not None
     parent = seq0.serials[-1] if seq0.serials else None
     reclaim = group0.eviction.reclaim
     restore_or_miss(
-        group0.tier, group0.allocator, seq0, tokens, list(hashes[0]), parent, ps, errors,
+        tier0, group0.allocator, seq0, tokens, list(hashes[0]), parent, ps, errors,
         max_pages=group0.allocator.num_allocatable(reclaim_cached=reclaim), reclaim=reclaim,
     )  # fmt: skip
     top = len(seq0.page_table)
@@ -122,7 +125,7 @@ def extend_from_tiers(
         presents: list[list[int | None]] = []
         owned: list[tuple[CacheManager, int]] = []
         for g, m in enumerate(managers[1:], start=1):
-            got = _restore_window(m, hashes[g], tokens, top, errors)
+            got = _restore_window(m, tiers[g], hashes[g], tokens, top, errors)
             if got is None:
                 break
             presents.append(got[0])

@@ -28,6 +28,7 @@ from pagedattn.cache.eviction import (
 from pagedattn.cache.prefix_hits import take_prefix_hits
 from pagedattn.cache.sequence_pages import SequencePages, validate_token_ids
 from pagedattn.cache.sequence_tables import SequenceTables
+from pagedattn.cache.tier_fetch import FetchedPages
 from pagedattn.cache.tier_pages import PageTier, write_computed
 
 __all__ = ["EVICTION_POLICIES", "EVICTION_REASONS", "CacheManager", "EvictionPolicy"]
@@ -133,8 +134,9 @@ class CacheManager(SequenceTables):
     # ---- lifecycle -----------------------------------------------------------------------
 
     def add_sequence(
-        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = ()
-    ) -> int:
+        self, seq_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray = (), *,
+        fetched: FetchedPages | None = None,
+    ) -> int:  # fmt: skip
         """Register a sequence and reuse the cached full pages of its prompt's prefix.
 
         Only full pages hit, each verified by exact token ids and parent; when the whole
@@ -146,6 +148,9 @@ class CacheManager(SequenceTables):
         Args:
             seq_id: any hashable id not in use.
             prompt_token_ids: (prompt_len,) integer token ids (may be empty).
+            fetched: records read from the tier beforehand (:mod:`.tier_fetch`): the restore
+                reads them instead of the store (no I/O; :data:`~.tier_fetch.NO_PAGES`:
+                nothing is restored). None: the tier is read now.
 
         Returns:
             num_cached_tokens, a multiple of page_size, < prompt_len (0 for an empty prompt).
@@ -158,8 +163,9 @@ class CacheManager(SequenceTables):
         tokens = validate_token_ids(prompt_token_ids)
         seq = SequencePages()
         if self.enable_prefix_caching and len(tokens):
+            tier = self.tier if fetched is None else fetched.tier(0, self.tier)
             self.tier_restored_tokens += take_prefix_hits(
-                seq, tokens, self.allocator, self.page_size, self.namespace, self.tier,
+                seq, tokens, self.allocator, self.page_size, self.namespace, tier,
                 self.tier_errors, reclaim=self.eviction.reclaim,
             )  # fmt: skip
             self.prefix_query_tokens += len(tokens)

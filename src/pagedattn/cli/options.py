@@ -116,8 +116,8 @@ KvStoreDeadlineOption = Annotated[
     typer.Option(
         "--kv-store-deadline",
         metavar="SECONDS",
-        help="The most one engine step waits on --kv-store lookups; pages not fetched by then "
-        "are recomputed (and counted).",
+        help="The most a restore from --kv-store may take (the request waits for its KV, "
+        "the others run on); pages not fetched by then are recomputed (and counted).",
         rich_help_panel=ENGINE,
     ),
 ]

@@ -32,8 +32,9 @@ class EngineConfig:
         kv_store_key: shared secret (>= 16 bytes) that signs every record of the tier
             (HMAC-SHA256); records it did not sign are refused. None = unsigned records
             (kept out of ``repr``).
-        kv_store_deadline_s: the most seconds one step waits on the tier for lookups
-            (> 0): pages not fetched by then are recomputed, and counted.
+        kv_store_deadline_s: the most seconds a restore from the tier may take (> 0; the
+            request waits for its KV meanwhile, no step does): pages not fetched by then are
+            recomputed, and counted.
 
     Raises:
         ValueError: a negative seed, a cache/scheduler of the wrong type, an empty kv_store, a

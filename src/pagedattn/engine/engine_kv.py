@@ -1,6 +1,7 @@
 """The engine's KV storage and bookkeeping built together: the page pool, its cache manager
-(per layer group with a hybrid KV cache, :mod:`pagedattn.engine.kv_groups`) and the persistent
-tier (one per group then), and the pool's snapshot per group."""
+(per layer group with a hybrid KV cache, :mod:`pagedattn.engine.kv_groups`), the persistent
+tier (one per group then) and its restores (:mod:`pagedattn.engine.kv_restores`), and the
+pool's snapshot per group."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pagedattn.engine.kv_groups import (
     kv_layout,
     open_group_tiers,
 )
+from pagedattn.engine.kv_restores import KVRestores
 
 if TYPE_CHECKING:
     from pagedattn.storage import KVStore, KVTier
@@ -36,12 +38,14 @@ class EngineKV:
         layout: the cache manager and the layer groups.
         tier: the persistent tier (group 0's with layer groups), None without one.
         tiers: every tier (one per layer group with a hybrid KV cache).
+        restores: the requests waiting for their KV from the tier, None without one.
     """
 
     pool: PagePool
     layout: KVLayout
     tier: KVTier | None
     tiers: tuple[KVTier, ...]
+    restores: KVRestores | None = None
 
 
 def build_engine_kv(
@@ -69,10 +73,15 @@ def build_engine_kv(
     if groups is None or counts is None:
         tier = engine_setup.open_tier(kv_store, config, namespace, pool)
         layout = kv_layout(config, mc, None, num_pages, namespace, tier)
-        return EngineKV(pool, layout, tier, () if tier is None else (tier,))
-    tiers = open_group_tiers(config, namespace, pool, groups, counts)
-    layout = kv_layout(config, mc, groups, num_pages, namespace, None, tiers)
-    return EngineKV(pool, layout, tiers[0] if tiers else None, tuple(tiers or ()))
+        tiers = [] if tier is None else [tier]
+    else:
+        tiers = open_group_tiers(config, namespace, pool, groups, counts) or []
+        layout = kv_layout(config, mc, groups, num_pages, namespace, None, tiers or None)
+    if not tiers:
+        return EngineKV(pool, layout, None, ())
+    manager = layout.manager
+    restores = KVRestores(manager, tiers[0], config.kv_store_deadline_s, manager.tier_errors)
+    return EngineKV(pool, layout, tiers[0], tuple(tiers), restores)
 
 
 def group_snapshots(

@@ -16,7 +16,9 @@ def engine_stats(
 ) -> dict[str, Any]:
     """Plain counters for metrics (see :class:`pagedattn.engine.stats.SchedulerStats`).
 
-    Keys: every SchedulerStats field, ``num_running``, ``num_waiting``, ``num_pages``,
+    Keys: every SchedulerStats field, ``num_running``, ``num_waiting`` (waiting for their KV
+    too), ``num_waiting_for_kv`` (of those, requests whose prefix is being read from the
+    persistent tier), ``num_pages``,
     ``num_free_pages``, ``kv_cache_usage`` (fraction of pages referenced), and
     ``evictions`` (dict reason -> count from the cache manager), ``tier_restored_tokens``
     (prompt tokens restored from the persistent tier), ``tier_errors`` (dict: "lookup"
@@ -32,7 +34,8 @@ def engine_stats(
     return {
         **{k: (dict(v) if k == "num_finished" else v) for k, v in vars(s).items()},
         "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
+        "num_waiting": len(scheduler.waiting) + scheduler.queues.num_waiting_for_kv,
+        "num_waiting_for_kv": scheduler.queues.num_waiting_for_kv,
         "num_pages": pages,
         "num_free_pages": cache_manager.num_free_pages,
         "kv_cache_usage": referenced / pages,

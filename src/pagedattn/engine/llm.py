@@ -25,7 +25,7 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
             SchedulerConfig field (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
             max_model_len), ``seed``, ``kv_store`` (a directory or ``redis://HOST:PORT/DB``),
             ``kv_store_key`` (a shared secret that signs the tier's records),
-            ``kv_store_deadline_s`` (the most a step waits on tier lookups), ``backend``
+            ``kv_store_deadline_s`` (the most a tier restore may take), ``backend``
             (numpy, torch), ``device`` (cpu, cuda) and ``activations`` (float32, int8).
             ``speculative`` also takes ``"auto"`` (the default: n-gram speculative decoding
             where it is bitwise lossless, the numpy backend without a sliding window; each

@@ -96,9 +96,13 @@ class LLMEngine:
         #: group 0's)
         self.kv_tiers = kv.tiers
         self.cache_manager = self.kv_layout.manager
+        #: restores from the tier, read beside the steps (requests "waiting for KV")
+        self.kv_restores = kv.restores
         eos = engine_setup.stop_token_ids(tokenizer, mc)
         max_len = engine_setup.max_model_len(cc, sc, mc)
-        self.scheduler = Scheduler(cc, sc, self.cache_manager, eos, max_len)
+        self.scheduler = Scheduler(
+            cc, sc, self.cache_manager, eos, max_len, restores=self.kv_restores
+        )
         # The tokenizer's vocabulary: logits of padded ids past it are masked.
         self.vocab_size: int = mc.vocab_size if tokenizer is None else int(tokenizer.vocab_size)
         self.runner = ModelRunner(
@@ -114,7 +118,10 @@ class LLMEngine:
         self._front = RequestFrontEnd(self.scheduler, self._requests, shared_page)
 
     def close(self) -> None:
-        """Finish queued tier writes and close the tier (idempotent; no-op without one)."""
+        """Stop the tier's restores, finish its queued writes and close it (idempotent; no-op
+        without one)."""
+        if self.kv_restores is not None:
+            self.kv_restores.close()
         for tier in self.kv_tiers:
             tier.close()
 
@@ -179,8 +186,10 @@ class LLMEngine:
         """Run one engine step: schedule, run the model once, apply the sampled tokens.
 
         Each phase commits or rolls back: a schedule that raises gives back what it
-        reserved and the error propagates (the requests wait on, unchanged); a store that
-        raises during a lookup is a prefix-cache miss. A forward that raises fails only this
+        reserved and the error propagates (the requests wait on, unchanged). A request
+        restoring its prefix from the persistent tier waits for its KV beside the steps
+        (:mod:`pagedattn.engine.kv_restores`); a step with nothing else to run waits for it
+        a few milliseconds at most. A forward that raises fails only this
         step's requests (finish reason "error", the
         message in ``RequestOutput.error``); nothing they reserved enters the prefix cache.
         A row that fails alone (NaN logits, an undecodable token...) fails only its request.
@@ -197,7 +206,7 @@ class LLMEngine:
         """
         began = time.perf_counter()
         before = StepCounters.of(self.scheduler.stats, self.cache_manager)
-        plan = self._schedule()
+        plan = self.scheduler.schedule()
         scheduled = time.perf_counter()
         pages_used = self.cache_manager.num_pages - self.cache_manager.allocator.num_free_pages
         group_bytes = tuple((g["name"], g["resident_bytes"]) for g in self.kv_group_usage())
@@ -223,13 +232,9 @@ class LLMEngine:
         report = step_report(plan, counters.since(before), self.cache_manager.num_pages,
                              pages_used, timings, failed=failed)  # fmt: skip
         report = dataclasses.replace(report, kv_group_bytes=group_bytes)
+        if not plan.requests and self.kv_restores is not None:
+            self.kv_restores.idle_wait()  # nothing to run but restores: no busy loop
         return StepResult(outputs, report)
-
-    def _schedule(self) -> StepPlan:
-        """This step's batch; the tier's lookups made while scheduling share one deadline."""
-        for tier in self.kv_tiers:
-            tier.begin_step()
-        return self.scheduler.schedule()
 
     def _fail_step(self, plan: StepPlan, exc: BaseException) -> list[RequestOutput]:
         """Fail the step's requests; re-raise ``exc`` unless it is an ``Exception``."""

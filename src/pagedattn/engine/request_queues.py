@@ -7,6 +7,7 @@ import bisect
 from collections import deque
 
 from pagedattn.cache import CacheManager
+from pagedattn.engine.kv_restores import KVRestores
 from pagedattn.engine.outputs import FINISH_ERROR, RequestOutput
 from pagedattn.engine.sequence import Sequence
 from pagedattn.engine.stats import SchedulerStats
@@ -27,15 +28,21 @@ class RequestQueues:
         requests: every waiting or running request's sequence by request id.
         pending: outputs of requests finished outside a step (rejections, aborts, failed
             steps), returned by the next ``take_pending``.
+        restores: the sequences waiting for their KV from the persistent tier (in no queue
+            meanwhile), None without a tier.
 
     Args:
         cache: the page tables; a retired running sequence's pages go back to it.
         stats: counts finished requests by finish reason.
+        restores: see above.
     """
 
-    def __init__(self, cache: CacheManager, stats: SchedulerStats) -> None:
+    def __init__(
+        self, cache: CacheManager, stats: SchedulerStats, restores: KVRestores | None = None
+    ) -> None:
         self.cache = cache
         self.stats = stats
+        self.restores = restores
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
@@ -51,12 +58,25 @@ class RequestQueues:
         if seq in self.running:
             self.running.remove(seq)
             self.cache.free_sequence(seq.seq_id)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        else:
+            self.remove_waiting(seq)
         if self.requests.get(seq.request_id) is seq:
             del self.requests[seq.request_id]
             assert seq.finish_reason is not None
             self.stats.num_finished[seq.finish_reason] += 1
+
+    def remove_waiting(self, seq: Sequence) -> None:
+        """Take a sequence that is not running out of the waiting queue, or cancel its
+        restore (its records are dropped; it held no page)."""
+        if self.restores is not None and self.restores.cancel(seq):
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+
+    @property
+    def num_waiting_for_kv(self) -> int:
+        """Sequences whose restore from the persistent tier is in flight."""
+        return 0 if self.restores is None else self.restores.num_waiting_for_kv
 
     def fail(self, seq: Sequence, error: str, now: float) -> None:
         """Finish an unfinished request with reason "error" and free it."""

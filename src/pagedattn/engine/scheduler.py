@@ -41,6 +41,7 @@ from collections.abc import Collection
 from pagedattn.cache import CacheManager
 from pagedattn.config import CacheConfig, SchedulerConfig
 from pagedattn.engine.capacity import rejection, request_pages
+from pagedattn.engine.kv_restores import KVRestores
 from pagedattn.engine.outputs import FINISH_ABORT, RequestOutput
 from pagedattn.engine.request_queues import RequestQueues
 from pagedattn.engine.sequence import Sequence, SequenceStatus
@@ -61,6 +62,7 @@ class Scheduler:
         cache_manager: the page tables (its pool size bounds what fits).
         eos_token_ids: ids that end generation unless ``ignore_eos``.
         max_model_len: most tokens (prompt + generated) per request, None = unbounded.
+        restores: the persistent tier's restores (requests waiting for KV), None without one.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Scheduler:
         cache_manager: CacheManager,
         eos_token_ids: Collection[int],
         max_model_len: int | None,
+        restores: KVRestores | None = None,
     ) -> None:
         self.cache_config = cache_config
         self.config = scheduler_config
@@ -77,7 +80,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.stats = SchedulerStats()
-        self.queues = RequestQueues(cache_manager, self.stats)
+        self.queues = RequestQueues(cache_manager, self.stats, restores)
         self.planner = StepPlanner(scheduler_config, cache_manager, self.queues, self.stats)
         self.postprocessor = StepPostprocessor(
             cache_manager, self.queues, self.stats, self.eos_token_ids, self.planner.drafter
@@ -139,7 +142,7 @@ class Scheduler:
             self.running.remove(seq)
             self.cache.free_sequence(seq.seq_id)
         else:
-            self.waiting.remove(seq)
+            self.queues.remove_waiting(seq)  # waiting, or waiting for its KV
         seq.finish(reason, time.monotonic(), error=error)
         self.queues.finish_outside_step(seq)
         return True
@@ -149,8 +152,10 @@ class Scheduler:
         return self.queues.requests.get(request_id)
 
     def has_unfinished(self) -> bool:
-        """True while a request is waiting or running, or an output is still to be returned."""
-        return bool(self.waiting or self.running or self.queues.pending)
+        """True while a request is waiting (for its KV too) or running, or an output is still
+        to be returned."""
+        q = self.queues
+        return bool(self.waiting or self.running or q.pending or q.num_waiting_for_kv)
 
     def max_pages_per_seq(
         self, num_prompt_tokens: int, max_tokens: int, num_completions: int = 1

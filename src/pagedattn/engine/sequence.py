@@ -40,6 +40,7 @@ class TextStream(Protocol):
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_KV = "waiting_for_kv"  # its prefix is being read from the persistent tier
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -17,7 +17,12 @@
    is preempted, as the older request it is. A child request that waits for its sibling's
    prompt (:attr:`Sequence.waits_for_lead`: ``n`` / ``best_of`` > 1 with prefix caching on) is
    passed over, keeping its place, so that it is admitted once the prompt's full pages are in
-   the prefix index and computes only the partial last page.
+   the prefix index and computes only the partial last page. With a persistent tier, a
+   sequence whose prefix the tier may hold first waits for its KV
+   (:mod:`pagedattn.engine.kv_restores`) as soon as it is next in the queue (so the read
+   overlaps a wait for a seat or budget): it leaves the queue while the tier is read beside
+   the steps, and comes back to its front when the records are in (or its deadline passed);
+   its admission then copies them into the pool.
 
 While any running sequence decodes, the step's prompt work is bounded too (:class:`PrefillRoom`):
 its prompt pieces together may cost at most ``prefill_chunk_size`` tokens, a piece starting at
@@ -37,6 +42,7 @@ import math
 
 from pagedattn.cache import CacheManager
 from pagedattn.config import SchedulerConfig
+from pagedattn.engine.kv_restores import Begin
 from pagedattn.engine.request_queues import RequestQueues, may_admit
 from pagedattn.engine.scheduled_batch import ScheduledSeq
 from pagedattn.engine.sequence import Sequence, SequenceStatus
@@ -72,7 +78,11 @@ class StepPlanner:
     def plan(self, journal: StepJournal) -> None:
         """Schedule the running sequences, then admit waiting ones, recording every
         reservation and admission in ``journal`` as it is made."""
-        running, waiting = self.queues.running, self.queues.waiting
+        running, waiting, restores = self.queues.running, self.queues.waiting, self.queues.restores
+        if restores is not None:
+            for seq in reversed(restores.poll()):  # their KV is read: first in the queue
+                seq.status = SequenceStatus.WAITING
+                waiting.appendleft(seq)
         budget = self.config.max_num_batched_tokens
         room = PrefillRoom(self.config, decoding=any(map(is_decoding, running)))
         preempted = False
@@ -99,6 +109,14 @@ class StepPlanner:
         if not preempted:
             limit = self.config.max_num_seqs
             for seq in [s for s in waiting if not s.waits_for_lead]:
+                if restores is not None:  # its read overlaps any wait for a seat or budget
+                    begun = restores.begin(seq, lookup_tokens(seq))
+                    if begun is Begin.BUSY:
+                        break
+                    if begun is Begin.STARTED:  # waits for its KV, in no queue
+                        waiting.remove(seq)
+                        seq.status = SequenceStatus.WAITING_FOR_KV
+                        continue
                 if not may_admit(len(running), limit) or budget <= 0:
                     break
                 n = self.admit(seq, budget, room)
@@ -141,9 +159,9 @@ class StepPlanner:
         """Move a waiting sequence to running with its prefix-cache hits; returns the
         tokens it computes this step, 0 (and nothing changed) when it does not fit the budget,
         the step's prefill room or the pages."""
-        # Prompt logprobs need every prompt row's logits: no prefix cache hit then.
-        lookup = () if seq.needs_prompt_logits else seq.token_ids
-        num_cached = self.cache.add_sequence(seq.seq_id, lookup)
+        restores = self.queues.restores
+        fetched = None if restores is None else restores.records(seq)
+        num_cached = self.cache.add_sequence(seq.seq_id, lookup_tokens(seq), fetched=fetched)
         try:
             n = self.piece(seq, num_cached)
             whole = not self.config.enable_chunked_prefill and seq.num_preemptions == 0
@@ -160,6 +178,8 @@ class StepPlanner:
             self.cache.free_sequence(seq.seq_id)
             return 0
         self.queues.waiting.remove(seq)
+        if restores is not None:
+            restores.admitted(seq)
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_cached
         self.queues.insert_running(seq)
@@ -171,6 +191,12 @@ class StepPlanner:
         seq.preempt()
         self.queues.waiting.appendleft(seq)
         self.stats.num_preemptions += 1
+
+
+def lookup_tokens(seq: Sequence) -> list[int] | tuple[()]:
+    """What a sequence's admission looks up in the prefix cache: its tokens, none when it asks
+    for prompt logprobs (every prompt row's logits: no hit then)."""
+    return () if seq.needs_prompt_logits else seq.token_ids
 
 
 def is_decoding(seq: Sequence) -> bool:

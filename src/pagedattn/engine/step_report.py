@@ -22,7 +22,8 @@ class StepTimings:
     """Seconds of one step, by phase (``perf_counter`` pairs).
 
     Attributes:
-        schedule_s: scheduling (with any prefix-cache tier lookups it made).
+        schedule_s: scheduling (with copying the records of restores from the persistent
+            tier into the pool; their reads run beside the steps).
         run: the model runner's phases.
         postprocess_s: applying the output (stop checks, detokenization included).
         detokenize_s: of ``postprocess_s``, incremental detokenization.

@@ -104,6 +104,11 @@ class EngineStatsCollector(Collector):
         yield gauge("num_requests_running", "Requests in the running batch.", s["num_running"])
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s["num_waiting"])
         yield gauge(
+            "num_requests_waiting_for_kv",
+            "Of the waiting requests, those whose prefix is being read from the KV store.",
+            s.get("num_waiting_for_kv", 0),
+        )
+        yield gauge(
             "kv_cache_usage_perc",
             "Fraction of KV pages referenced by a sequence (1 = full).",
             s["kv_cache_usage"],

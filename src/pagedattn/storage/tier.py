@@ -5,12 +5,15 @@ written one host page at a time, whatever its backend): :meth:`lookup` returns t
 longest run of consecutive pages the store holds and that pass every check, :meth:`load`
 copies one into a pool page, :meth:`write` copies pool pages out and queues them.
 
-Lookups have a deadline: the store is read on a lookup thread, a few pages per call, and the
-engine thread waits for it at most ``lookup_deadline_s`` per step (:meth:`begin_step` starts
-a step's budget), whatever the network does. Pages fetched by then are used; the rest are
-recomputed and counted (``lookups_timed_out``, ``lookup_pages_dropped``, and the error kind
-``deadline``). While a lookup that overran is still on the network, the next ones are misses
-at once (``lookups_skipped``), so a stalled store costs a step at most the deadline.
+The engine never waits on the store: it runs :meth:`fetch` on its restore thread
+(:mod:`pagedattn.engine.kv_restores`) while the request waits for its KV, and gives up at
+``lookup_deadline_s`` (:meth:`count_deadline`). :meth:`lookup` is the same read for a caller
+that waits: the store is read on a lookup thread, a few pages per call, and the caller waits
+at most ``lookup_deadline_s`` per step (:meth:`begin_step` starts a step's budget). Either
+way, pages fetched by the deadline are used; the rest are recomputed and counted
+(``lookups_timed_out``, ``lookup_pages_dropped``, and the error kind ``deadline``). While a
+lookup that overran is still on the network, the next ones are misses at once
+(``lookups_skipped``), so a stalled store costs at most the deadline.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pagedattn.cache.hashing import PageKey
+from pagedattn.cache.tier_fetch import FetchJob
 from pagedattn.storage.base import KVStore, StoredPage
 
 if TYPE_CHECKING:
@@ -32,16 +36,6 @@ if TYPE_CHECKING:
 
 #: Pages one store read asks for (one Redis round trip of at most ``batch_pages`` commands).
 LOOKUP_CHUNK_PAGES = 8
-
-
-class _Lookup:
-    """What one lookup fetched so far; the lookup thread appends until told to stop."""
-
-    def __init__(self, keys: Sequence[PageKey]) -> None:
-        self.keys = keys
-        self.lock = threading.Lock()
-        self.pages: list[np.ndarray] = []
-        self.abandoned = False
 
 
 class KVTier:
@@ -103,9 +97,9 @@ class KVTier:
                 self.num_lookups_skipped += 1
                 self.num_lookup_pages_dropped += len(keys)
             return []
-        job = _Lookup(keys)
+        job = FetchJob(keys)
         t0 = time.monotonic()
-        future = self._lookups.submit(self._fetch, job)
+        future = self._lookups.submit(self.fetch, job)
         try:
             future.result(timeout=budget)
         except concurrent.futures.TimeoutError:
@@ -121,9 +115,14 @@ class KVTier:
         self._step_waited += time.monotonic() - t0
         return job.pages
 
-    def _fetch(self, job: _Lookup) -> None:
-        """On the lookup thread: the consecutive run of stored, valid pages, chunk by chunk."""
+    def fetch(self, job: FetchJob) -> None:
+        """The consecutive run of stored, valid pages of ``job.keys`` into ``job.pages``,
+        chunk by chunk, until the run ends or the job is abandoned. Runs on the calling thread
+        (a lookup or restore thread, never the engine's): store I/O, record checks, checksums
+        and signatures happen here. Raises what the store raises."""
         keys = job.keys
+        if job.abandoned:
+            return
         present = self.store.contains([k.page_hash for k in keys])
         run = next((i for i, p in enumerate(present) if not p), len(keys))
         for lo in range(0, run, LOOKUP_CHUNK_PAGES):
@@ -137,6 +136,16 @@ class KVTier:
                     if kv is None:
                         return
                     job.pages.append(kv)
+
+    def count_deadline(self, *, skipped: bool, pages_dropped: int) -> None:
+        """Count a lookup given up at its deadline (``skipped``: a miss at once, an overrun
+        read still being on the network) and the pages it asked for and did not get."""
+        with self._lock:
+            if skipped:
+                self.num_lookups_skipped += 1
+            else:
+                self.num_lookups_timed_out += 1
+            self.num_lookup_pages_dropped += pages_dropped
 
     def load(self, page_id: int, kv: np.ndarray) -> None:
         """Copy a restored page into pool page ``page_id``."""
