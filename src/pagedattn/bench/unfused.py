@@ -5,9 +5,10 @@ layers as one compiled call each, with no timers. For ``pagedattn profile --unfu
 module runs the model's general path (:func:`pagedattn.model.layer_loop.run_layer`, the same
 code every step of more rows takes, so the logits are those of the unhooked model; a test
 checks it) with a timing hook around each operation, adding seconds per layer and per kind of
-op: ``matmul`` (projections, LM head), ``attention`` (write_kv + paged kernel), ``rope``,
-``norm``, ``activation`` (the gated MLP activation), ``embedding``. Timers cost a few
-microseconds per op, which is why this mode is labelled.
+op: ``matmul`` (the layers' projections), ``lm_head`` (the logits' projection: with a large
+vocabulary, e.g. Gemma 3's 262k rows, a large share of a decode step), ``attention`` (write_kv
++ paged kernel), ``rope``, ``norm``, ``activation`` (the gated MLP activation), ``embedding``.
+Timers cost a few microseconds per op, which is why this mode is labelled.
 """
 
 from __future__ import annotations

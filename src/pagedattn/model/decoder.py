@@ -312,7 +312,7 @@ class DecoderModel:
         rows = x[np.asarray(batch.logits_indices)]  # (num_outputs, H)
         rows = op("norm", rms_norm, rows, self.final_norm, c.rms_norm_eps)  # (num_outputs, H)
         logits: np.ndarray = op(
-            "matmul", qmatmul, rows, self.lm_head, activations=self.activations
+            "lm_head", qmatmul, rows, self.lm_head, activations=self.activations
         )  # (num_outputs, V)
         if c.final_logit_softcap is not None:
             cap = np.float32(c.final_logit_softcap)
