@@ -120,10 +120,22 @@ def server_has_echo(srv: RunningServer) -> bool:
     return httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).status_code == 200
 
 
+@pytest.fixture(scope="module")
+def hf_results(tiny_model_dir: Path, task_dir: Path) -> Any:
+    """lm-eval's own ``hf`` model on the task: the oracle, computed once for every batch size."""
+    return evaluate(
+        task_dir,
+        "pagedattn_cloze",
+        "hf",
+        f"pretrained={tiny_model_dir},dtype=float32,device=cpu",
+        batch_size=1,
+    )
+
+
 @pytest.mark.hf
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_loglikelihood_through_local_completions_equals_hf(
-    server: RunningServer, tiny_model_dir: Path, task_dir: Path, batch_size: int
+    server: RunningServer, task_dir: Path, hf_results: Any, batch_size: int
 ) -> None:
     if not server_has_echo(server):
         pytest.skip("the server refuses echo + logprobs (engine side not merged)")
@@ -135,13 +147,7 @@ def test_loglikelihood_through_local_completions_equals_hf(
         f"model=tiny-llama,base_url={url},tokenizer_backend=remote,max_retries=1,"
         f"batch_size={batch_size}",  # batch_size > 1: several prompts per request
     )
-    hf = evaluate(
-        task_dir,
-        "pagedattn_cloze",
-        "hf",
-        f"pretrained={tiny_model_dir},dtype=float32,device=cpu",
-        batch_size=1,
-    )
+    hf = hf_results
     ours_s = sorted(ours["samples"]["pagedattn_cloze"], key=lambda s: s["doc_id"])
     hf_s = sorted(hf["samples"]["pagedattn_cloze"], key=lambda s: s["doc_id"])
     assert len(ours_s) == len(hf_s) == LIMIT
