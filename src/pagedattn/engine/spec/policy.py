@@ -7,9 +7,12 @@ registers, 4 otherwise; :mod:`pagedattn.model.block_dot`), so a row adds only it
 multiply-adds: on SmolLM2-135M (Q4_1, one thread) about ``ROW_COST`` of a one-row step for the
 projections and the LM head, plus its attention over the context
 (``ROW_ATTENTION_PER_KEY`` per key, while the one-row step itself grows by
-``STEP_ATTENTION_PER_KEY`` per key). Each further ``PASS_ROWS`` rows decode every weight again:
-``PASS_COST`` of a step. Measured (one thread, 400 keys): 1 row 16.9 ms, 2 rows 19.7, 4 rows
-26.4, 8 rows 38.8, 9 rows 53.2.
+``STEP_ATTENTION_PER_KEY`` per key). With AVX-512, each further ``PASS_ROWS`` rows decode every
+weight again: ``PASS_COST`` of a step. Measured on a Zen 4 EPYC (one thread, 400 keys): 1 row
+16.9 ms, 2 rows 19.7, 4 rows 26.4, 8 rows 38.8, 9 rows 53.2. With 16 registers (AVX2), a step
+of more than 4 rows leaves the fused layer for the general path, which decodes the weights
+once into a float32 scratch for all rows: not measured here, so no pass cost is modelled
+there (``PASS_COST`` 0).
 
 **Acceptance.** Draft ``j`` (from 1) is kept only when drafts ``1 .. j - 1`` were, and how
 likely it is depends on how long the match behind it is: a request that copies a run of its
@@ -33,13 +36,14 @@ from __future__ import annotations
 import dataclasses
 
 from pagedattn.engine.spec.ngram import NgramIndex
+from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_dot import DECODE_COLS
 
 ROW_COST = 0.15  # SchedulerConfig.speculative_row_cost's default: projections + LM head
 ROW_ATTENTION_PER_KEY = 2.7e-4  # one verify row's attention per context key, same unit
 STEP_ATTENTION_PER_KEY = 6e-4  # a one-row step's growth per context key, same unit
 PASS_ROWS = DECODE_COLS  # rows that share one register decode of the weights
-PASS_COST = 0.8  # each further weight pass, relative to a one-row step
+PASS_COST = 0.8 if has_wide_registers() else 0.0  # each further weight pass (see above)
 BUCKETS = (1, 2, 3, 4, 8, 16)  # shortest match length of each acceptance bucket
 PRIOR_WEIGHT = 2.0  # drafts the prior is worth in a bucket's estimate
 DECAY = 0.8  # weight of a bucket's earlier counts at each of its new verified drafts
