@@ -111,6 +111,7 @@ class Totals:
 
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
     ceiling_steps: int = 0  # steps with free verify rows and perfect drafts (off only)
@@ -121,27 +122,34 @@ class Totals:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     @property
+    def cpu_tok_s(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds else 0.0
+
+    @property
     def ceiling(self) -> float:
         return self.tokens / self.ceiling_steps if self.ceiling_steps else 1.0
 
 
-def decode_one(engine: Any, ids: list[int], max_tokens: int) -> tuple[list[int], int, float]:
-    """Run one greedy request alone: (tokens, decode tokens, first token -> last token s)."""
+def decode_one(engine: Any, ids: list[int], max_tokens: int) -> tuple[list[int], int, float, float]:
+    """Run one greedy request alone: (tokens, decode tokens, first token -> last token s, and
+    the process's CPU seconds over the same span)."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     engine.add_request(ids, params, request_id="bench")
     tokens: list[int] = []
-    first = last = None
+    first = last = first_cpu = last_cpu = None
     while engine.has_unfinished_requests():
         for out in engine.step():
             new = out.outputs[0].token_ids
             if new:
-                now = time.perf_counter()
-                first = now if first is None else first
-                last = now
+                now, cpu = time.perf_counter(), time.process_time()
+                if first is None:
+                    first, first_cpu = now, cpu
+                last, last_cpu = now, cpu
                 tokens += new
     assert first is not None and last is not None
+    assert first_cpu is not None and last_cpu is not None
     # Tokens after the first, over the time they took (the first comes from the prefill).
-    return tokens, len(tokens) - 1, last - first
+    return tokens, len(tokens) - 1, last - first, last_cpu - first_cpu
 
 
 def run_spec_bench(
@@ -154,8 +162,9 @@ def run_spec_bench(
     """Measure decode tok/s with and without speculation (see the module doc).
 
     Returns:
-        ``{workload: {"off": tok/s, "on": tok/s, "ratio": on/off,
-        "acceptance": accepted/drafted, "ceiling": n-gram ceiling, "identical": bool}}`` for
+        ``{workload: {"off": tok/s, "on": tok/s, "ratio": on/off, "cpu_ratio": the same in
+        process CPU time, "acceptance": accepted/drafted, "ceiling": n-gram ceiling,
+        "identical": bool}}`` for
         "grounded", "free chat", then each grounded task (:data:`GROUNDED_TASKS`).
     """
     from pagedattn.engine.llm import engine_config
@@ -190,12 +199,13 @@ def run_spec_bench(
             for ids, task in zip(ids_list, labels[name], strict=True):
                 for mode, engine in engines.items():
                     before = engine.get_stats()
-                    out, n, secs = decode_one(engine, ids, max_tokens)
+                    out, n, secs, cpu = decode_one(engine, ids, max_tokens)
                     after = engine.get_stats()
                     for key in (name, task) if task != name else (name,):
                         t = totals.setdefault((key, mode), Totals())
                         t.tokens += n
                         t.seconds += secs
+                        t.cpu_seconds += cpu
                         t.drafted += (
                             after["spec_num_drafted_tokens"] - before["spec_num_drafted_tokens"]
                         )
@@ -214,6 +224,7 @@ def run_spec_bench(
             "off": off.tok_s,
             "on": on.tok_s,
             "ratio": on.tok_s / off.tok_s if off.tok_s else 0.0,
+            "cpu_ratio": on.cpu_tok_s / off.cpu_tok_s if off.cpu_tok_s else 0.0,
             "acceptance": on.accepted / on.drafted if on.drafted else 0.0,
             "drafted": on.drafted,
             "ceiling": off.ceiling,
@@ -226,14 +237,14 @@ def run_spec_bench(
 def report(results: dict[str, Any]) -> str:
     """The results as the lines `pagedattn bench spec` prints."""
     lines = [
-        f"{'workload':<10} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>7}  {'accept':>6}  "
-        f"{'ceiling':>7}  outputs"
+        f"{'workload':<10} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>7} {'cpu':>7}  "
+        f"{'accept':>6}  {'ceiling':>7}  outputs"
     ]
     for name, r in results.items():
         same = "identical" if r["identical"] else "DIFFER"
         label = name if name in ("grounded", "free chat") else f"  {name}"
         lines.append(
-            f"{label:<10} {r['off']:>10.1f} {r['on']:>10.1f} {r['ratio']:>6.2f}x  "
-            f"{r['acceptance']:>6.2f}  {r['ceiling']:>6.2f}x  {same}"
+            f"{label:<10} {r['off']:>10.1f} {r['on']:>10.1f} {r['ratio']:>6.2f}x "
+            f"{r['cpu_ratio']:>6.2f}x  {r['acceptance']:>6.2f}  {r['ceiling']:>6.2f}x  {same}"
         )
     return "\n".join(lines)
