@@ -164,8 +164,8 @@ def run_spec_bench(
     Returns:
         ``{workload: {"off": tok/s, "on": tok/s, "ratio": on/off, "cpu_ratio": the same in
         process CPU time, "acceptance": accepted/drafted, "ceiling": n-gram ceiling,
-        "identical": bool}}`` for
-        "grounded", "free chat", then each grounded task (:data:`GROUNDED_TASKS`).
+        "identical": bool}}`` for "grounded", "free chat", then each grounded task
+        (:data:`GROUNDED_TASKS`).
     """
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
