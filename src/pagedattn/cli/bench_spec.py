@@ -15,8 +15,11 @@ from pagedattn.cli.options import ModelOption
 METHOD = (
     "Method: each request alone, greedy, prefix caching off; decode tok/s = tokens after the "
     "first / (last token - first token), summed per workload; each round runs every request "
-    "without, then with speculation (one process, one model). Goals: >= 2x on grounded "
-    "requests, >= 0.95x on free chat."
+    "without, then with speculation (one process, one model); cpu: the same ratio in process "
+    "CPU time, steadier than wall time on a shared machine. Ceiling: the speedup with free "
+    "verify rows and perfect draft lengths, from the plain output replayed through the n-gram "
+    "lookup (a token the lookup cannot predict takes a step of its own). Goals: >= 2x on "
+    "grounded requests, >= 0.95x on free chat."
 )
 
 

@@ -82,7 +82,7 @@ class SchedulerConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     speculative_token_share: float = 1 / 32
-    speculative_row_cost: float = 0.25
+    speculative_row_cost: float = 0.15
 
     def __post_init__(self) -> None:
         self._check_speculative()

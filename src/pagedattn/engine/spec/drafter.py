@@ -9,9 +9,10 @@ hit on a page holding drafted tokens, and postprocess takes every rejected draft
 before the step ends (:mod:`pagedattn.engine.step_postprocess`), so such a page never enters
 the prefix index or the persistent tier.
 
-How many each sequence drafts follows its own acceptance and the step's size
-(:mod:`pagedattn.engine.spec.policy`): only the drafts whose expected gain pays for their
-verify rows, none at all where speculation would slow the step down.
+How many each sequence drafts follows the match behind its drafts, its own acceptance at such
+matches and the step's size (:mod:`pagedattn.engine.spec.policy`): the number that makes the
+step's expected tokens per unit of time largest, none at all where speculation would slow the
+step down.
 """
 
 from __future__ import annotations
@@ -94,20 +95,15 @@ class Drafter:
                 continue
             seq = item.seq
             state = self.state(seq)
-            if state.pause > 0:
-                state.pause -= 1
-                continue
             most = min(c.num_speculative_tokens, left, self.room(seq))
-            k = state.num_tokens(most, seq.num_tokens, rows, c.speculative_row_cost)
-            if k == 0 and most > 0:
-                if not state.probe_due:
-                    state.hold()
-                    continue
-                k = 1  # after a pause: one draft re-measures the acceptance
-            tokens = state.index.propose(seq.token_ids, k) if k > 0 else []
+            proposal = state.index.lookup(seq.token_ids, most)
+            k = state.num_tokens(
+                proposal.match_len, len(proposal.token_ids), seq.num_tokens, rows,
+                c.speculative_row_cost,
+            )  # fmt: skip
+            tokens = proposal.token_ids[:k]
             if not tokens:
                 continue
-            state.probe_due = False
             if not cache.can_draft(seq.seq_id, len(tokens)):
                 continue  # drafts take empty pages only
             # no window trimming: the step token's own query still sees the oldest window page
@@ -115,6 +111,7 @@ class Drafter:
             scheduled[i] = dataclasses.replace(
                 item, draft_token_ids=tuple(tokens), draft_slot_mapping=slots
             )
+            state.match_len = proposal.match_len
             left -= len(tokens)
             rows += len(tokens)
 

@@ -11,6 +11,25 @@ lookup, so a lookup costs O(new tokens), not O(context).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+MATCH_CAP = 32  # longest match length a lookup measures (the policy buckets it far below)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An n-gram lookup's drafts and how long the match behind them is.
+
+    Attributes:
+        token_ids: the drafted tokens (empty: no n-gram matched).
+        match_len: how many tokens, ending at the sequence's last one, equal the tokens
+            ending at the earlier occurrence the drafts follow (at least the n-gram's length,
+            at most :data:`MATCH_CAP`; 0 when nothing matched). A long match means the request
+            is copying a run of its context, where drafts are usually right.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    match_len: int = 0
 
 
 class NgramIndex:
@@ -52,9 +71,15 @@ class NgramIndex:
         Returns:
             The drafted token ids (empty when no n-gram matches or ``k`` is 0).
         """
+        return self.lookup(token_ids, k).token_ids
+
+    def lookup(self, token_ids: Sequence[int], k: int) -> Proposal:
+        """:meth:`propose`'s drafts with the length of the match behind them: the n-gram
+        found, extended backwards while the tokens before both occurrences agree (up to
+        :data:`MATCH_CAP`)."""
         n_tokens = len(token_ids)
         if k <= 0 or n_tokens < self.ngram_min + 1:
-            return []
+            return Proposal()
         self._extend(token_ids, n_tokens - 1)  # every n-gram ending before the last token
         for n in range(min(self.ngram_max, n_tokens - 1), self.ngram_min - 1, -1):
             end = self._last_end[n].get(tuple(token_ids[n_tokens - n :]))
@@ -65,8 +90,15 @@ class NgramIndex:
             for i in range(k):
                 j = end + 1 + i
                 draft.append(int(token_ids[j]) if j < n_tokens else draft[i - period])
-            return draft
-        return []
+            match = n
+            while (
+                match < MATCH_CAP
+                and end - match >= 0
+                and token_ids[end - match] == token_ids[n_tokens - 1 - match]
+            ):
+                match += 1
+            return Proposal(draft, match)
+        return Proposal()
 
     def _extend(self, token_ids: Sequence[int], upto: int) -> None:
         """Index the n-grams ending at positions ``_indexed .. upto - 1``."""
