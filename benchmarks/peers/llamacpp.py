@@ -16,14 +16,21 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 Progress = Callable[[str, int, int], None]
 
 
 def available() -> bool:
-    """True when ``llama_cpp`` can be imported (without importing it)."""
-    return importlib.util.find_spec("llama_cpp") is not None
+    """True when ``llama_cpp`` can be imported and finds its shared library (without importing
+    it): in ``$LLAMA_CPP_LIB_PATH`` when set, as for a package installed with
+    ``-DLLAMA_BUILD=OFF`` over a separate llama.cpp build, else in the package's ``lib``."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return False
+    folder = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(spec.origin).parent / "lib")
+    return any((folder / f"libllama{ext}").is_file() for ext in (".so", ".dylib", ".dll"))
 
 
 KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB")

@@ -25,7 +25,7 @@ def test_compare_generate_measures_llama_cpp_on_the_same_gguf(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
     if not llamacpp.available():
-        pytest.skip("llama_cpp (llama-cpp-python) is not importable")
+        pytest.skip("llama_cpp (llama-cpp-python) is not importable or finds no libllama")
     corpus = tmp_path / "text.txt"
     corpus.write_text("the rain in spain stays mainly on the plain. " * 200, encoding="utf-8")
     out = tmp_path / "gen.json"

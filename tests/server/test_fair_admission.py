@@ -53,20 +53,29 @@ def test_too_many_sequences_are_a_400_naming_the_field(srv: RunningServer) -> No
     assert r.status_code == 200 and len(r.json()["choices"]) == 4 * MAX_NUM_SEQS
 
 
-def _stream_gaps(srv: RunningServer, out: list[float], started: threading.Event) -> None:
+def _stream_gaps(
+    srv: RunningServer, out: list[float], started: threading.Event, reasons: list[str | None]
+) -> None:
+    """Stream 40 tokens, appending the gaps between data events to ``out`` and the finish
+    reason to ``reasons`` (events may carry more than one token when the client reads slower
+    than the engine steps, so their count varies; the stream is whole when it ends by
+    length)."""
     body = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     last = None
+    reason = None
     with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=300) as r:
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
-            json.loads(line[6:])
+            chunk = json.loads(line[6:])
+            reason = chunk["choices"][0]["finish_reason"] if chunk["choices"] else reason
             now = time.perf_counter()
             if last is not None:
                 out.append(now - last)
                 started.set()
             last = now
+    reasons.append(reason)
 
 
 @pytest.mark.model
@@ -74,10 +83,11 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
     big_request = {"prompt": [f"Story {i}:" for i in range(8)], "n": 4, "max_tokens": 16}
     assert _post(srv, **big_request).status_code == 200  # a warm server (kernels, caches)
     alone: list[float] = []
-    _stream_gaps(srv, alone, threading.Event())
+    reasons: list[str | None] = []
+    _stream_gaps(srv, alone, threading.Event(), reasons)
     loaded: list[float] = []
     started = threading.Event()
-    stream = threading.Thread(target=_stream_gaps, args=(srv, loaded, started))
+    stream = threading.Thread(target=_stream_gaps, args=(srv, loaded, started, reasons))
     stream.start()
     assert started.wait(120)
     most_running = 0
@@ -96,8 +106,8 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
     stream.join()
     assert big["r"].status_code == 200 and len(big["r"].json()["choices"]) == 32
     assert 0 < most_running <= MAX_NUM_SEQS
-    _stream_gaps(srv, alone, threading.Event())  # the control again, after: the same phase
-    assert len(alone) == 2 * len(loaded) == 78
+    _stream_gaps(srv, alone, threading.Event(), reasons)  # the control again: the same phase
+    assert reasons == ["length"] * 3 and len(loaded) >= 20 and len(alone) >= 40
     # a stall is seconds (every sequence of the big request ahead of the stream); a gap of a
     # few tens of ms more is the other work of a shared 2-core machine, not the scheduler
     assert max(loaded) <= max(3 * max(alone), JITTER_S), (loaded, alone)
