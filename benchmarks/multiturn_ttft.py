@@ -79,18 +79,18 @@ async def conversations(
     """``len(starts)`` conversations at once, each ``turns`` turns, from those novel offsets."""
     text = NOVEL.read_text(encoding="utf-8")
 
-    async def one(client: httpx.AsyncClient, at: int) -> list[dict[str, Any]]:
+    async def one(at: int) -> list[dict[str, Any]]:
         prompt, done = "", []
         for t in range(turns):
             prompt += text[at + t * turn_chars : at + (t + 1) * turn_chars]
-            reply = await turn(client, url, prompt, max_tokens)
+            # a connection per turn: llama-server closes a kept-alive one after a stream
+            async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
+                reply = await turn(client, url, prompt, max_tokens)
             prompt += reply["text"] + "\n\n"
             done.append(reply)
         return done
 
-    limits = httpx.Limits(max_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as client:
-        return list(await asyncio.gather(*(one(client, at) for at in starts)))
+    return list(await asyncio.gather(*(one(at) for at in starts)))
 
 
 def run_server(
@@ -102,7 +102,7 @@ def run_server(
     if kind == "pagedattn":
         cmd = [str(Path(sys.executable).parent / "pagedattn"), "serve", "-m", args.model,
                "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(conc),
-               "--max-model-len", str(args.context)]  # fmt: skip
+               "--max-model-len", str(args.context), *args.serve_args.split()]  # fmt: skip
     else:
         lib = str(Path(args.llama_server).parent)
         env["LD_LIBRARY_PATH"] = f"{lib}:{env.get('LD_LIBRARY_PATH', '')}"
@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096, help="context per sequence, both")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--serve-args", default="", help="extra `pagedattn serve` flags, one string")
+    ap.add_argument("--servers", default="pagedattn,llama-server", help="which to run")
     ap.add_argument("--kv-contexts", default="8192,2048")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -184,8 +186,8 @@ def main() -> None:
         for conc in (int(c) for c in args.concurrency.split(",")):
             starts = [offset + i * span for i in range(conc)]
             offset += conc * span  # fresh text each run: no server has seen it
-            order = ("pagedattn", "llama-server") if rep % 2 == 0 else ("llama-server", "pagedattn")
-            for kind in order:
+            kinds = args.servers.split(",")
+            for kind in kinds if rep % 2 == 0 else kinds[::-1]:
                 log = logs / f"multiturn-{kind}-c{conc}-r{rep}.log"
                 run = run_server(kind, args, conc, starts, log)
                 rows = summary(run, args.turns)
