@@ -67,8 +67,10 @@ def one_request(args: argparse.Namespace, disable: bool) -> dict[str, int]:
 def capacity(args: argparse.Namespace, max_num_seqs: int) -> tuple[int, int]:
     """(hybrid, every layer): sequences of ``--context`` tokens that fit at once (at most
     ``max_num_seqs`` either way)."""
-    llm_config = LLM(model=args.model, page_size=args.page_size, kv_cache_mib=args.kv_cache_mib,
-                     max_num_seqs=max_num_seqs).engine  # fmt: skip
+    llm_config = LLM(
+        model=args.model, page_size=args.page_size, kv_cache_mib=args.kv_cache_mib,
+        max_num_seqs=max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
+    ).engine  # fmt: skip
     config, mc = llm_config.config, llm_config.model_config
     ps = args.page_size
     num_pages = config.cache.resolve_num_pages(mc)
