@@ -161,6 +161,9 @@ def eval_ppl(
                 ) from None
         loaded = load_model(model)
         ids = corpus_token_ids(loaded.tokenizer, text, tokens)[:tokens]
+        bos = loaded.tokenizer.bos_token_id if loaded.tokenizer.adds_bos else None
+        # streamed as the engine encodes a prompt: after the BOS token when the vocabulary adds one
+        stream_ids = ids if bos is None else [bos, *ids[: tokens - 1]]
         net = LlamaModel.from_loaded(loaded, activations)
         if is_hybrid(net):  # the defaults hold what runs per layer group
             policies = policies if policy else [p for p in policies if p != "h2o"]
@@ -193,7 +196,6 @@ def eval_ppl(
             )
 
         if method == "chunks":
-            bos = loaded.tokenizer.bos_token_id if loaded.tokenizer.adds_bos else None
             for dtype in dtypes:
                 progress(
                     run_chunked_perplexity(
@@ -207,7 +209,9 @@ def eval_ppl(
                 )
             records = done
         else:
-            records = run_grid(net, ids, plan, page_size=page_size, fast=fast, progress=progress)
+            records = run_grid(
+                net, stream_ids, plan, page_size=page_size, fast=fast, progress=progress
+            )
         print_table(records)
         if json_out is not None:
             write_json(json_out, records)
