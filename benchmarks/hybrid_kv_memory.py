@@ -3,6 +3,7 @@ with the hybrid KV cache vs every layer keeping every page (``--disable-hybrid-k
 
     .venv/bin/python benchmarks/hybrid_kv_memory.py --context 2048
     .venv/bin/python benchmarks/hybrid_kv_memory.py --context 8192 --kv-cache-mib 320
+    .venv/bin/python benchmarks/hybrid_kv_memory.py --context 8192 --kv-cache-dtype float16
 
 Part 1, measured: for each mode one engine runs one greedy request of ``--context`` prompt
 tokens cut from the novel (and ``--new-tokens`` generated); at every step the engine reports
@@ -49,7 +50,7 @@ def one_request(args: argparse.Namespace, disable: bool) -> dict[str, int]:
     llm = LLM(
         model=args.model, page_size=args.page_size, kv_cache_mib=args.kv_cache_mib,
         max_num_seqs=1, disable_hybrid_kv_cache_manager=disable,
-        enable_prefix_caching=args.prefix_caching,
+        enable_prefix_caching=args.prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     engine = llm.engine
     ids = corpus_token_ids(engine.tokenizer, None, args.context)[: args.context]
@@ -66,8 +67,10 @@ def one_request(args: argparse.Namespace, disable: bool) -> dict[str, int]:
 def capacity(args: argparse.Namespace, max_num_seqs: int) -> tuple[int, int]:
     """(hybrid, every layer): sequences of ``--context`` tokens that fit at once (at most
     ``max_num_seqs`` either way)."""
-    llm_config = LLM(model=args.model, page_size=args.page_size, kv_cache_mib=args.kv_cache_mib,
-                     max_num_seqs=max_num_seqs).engine  # fmt: skip
+    llm_config = LLM(
+        model=args.model, page_size=args.page_size, kv_cache_mib=args.kv_cache_mib,
+        max_num_seqs=max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
+    ).engine  # fmt: skip
     config, mc = llm_config.config, llm_config.model_config
     ps = args.page_size
     num_pages = config.cache.resolve_num_pages(mc)
@@ -91,6 +94,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--kv-cache-mib", type=float, default=320.0)
+    parser.add_argument("--kv-cache-dtype", default="float32", help="float32 or float16")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--sweep", default="1,2,4,8", help="--max-num-seqs values (part 2)")
     parser.add_argument("--capacity-only", action="store_true", help="part 2 only (no forward)")
@@ -108,7 +112,7 @@ def measure(args: argparse.Namespace) -> None:
     """Part 1: one request in each mode."""
     runs = {mode: one_request(args, mode == "every layer") for mode in ("hybrid", "every layer")}
     print(f"one request of {args.context} prompt tokens + {args.new_tokens} generated, "
-          f"{args.model}, page size {args.page_size}:")  # fmt: skip
+          f"{args.model}, page size {args.page_size}, {args.kv_cache_dtype} KV:")  # fmt: skip
     for mode, peak in runs.items():
         groups = ", ".join(
             f"{k} {v / MIB:.1f} MiB" for k, v in peak.items() if k != "pool resident"

@@ -39,11 +39,19 @@ def parse_list(option: str, value: str, kind: Any) -> list[Any]:
 def eval_ppl(
     model: ModelOption = None,
     policy: Annotated[
-        str, typer.Option(help="Comma-separated: full, window, sinks, h2o, random.")
-    ] = "full,window,sinks,h2o,random",
+        str | None,
+        typer.Option(
+            help="Comma-separated: full, window, sinks, h2o, random (default: all; without h2o "
+            "on a model whose layers keep their own sliding windows)."
+        ),
+    ] = None,
     position_mode: Annotated[
-        str, typer.Option(help="Comma-separated position modes for sinks: absolute, shifted.")
-    ] = "absolute,shifted",
+        str | None,
+        typer.Option(
+            help="Comma-separated position modes for sinks: absolute, shifted (default: both; "
+            "absolute on a model whose layers keep their own sliding windows)."
+        ),
+    ] = None,
     budget: Annotated[
         str | None,
         typer.Option(
@@ -106,6 +114,7 @@ def eval_ppl(
     from pagedattn.cli.eval_table import print_table
     from pagedattn.eval.chunks import run_chunked_perplexity
     from pagedattn.eval.grid import plan_grid, run_grid
+    from pagedattn.eval.group_tables import is_hybrid
     from pagedattn.eval.kv_pools import check_kv_cache_dtype, parse_bytes
     from pagedattn.eval.plot import write_plot
     from pagedattn.eval.report import write_json
@@ -114,8 +123,10 @@ def eval_ppl(
 
     console = Console(stderr=True)
     with cli_errors():
-        policies = parse_list("policy", policy, str)
-        modes = parse_list("position-mode", position_mode, str)
+        from pagedattn.eval.policies import POLICIES
+
+        policies = parse_list("policy", policy or ",".join(POLICIES), str)
+        modes = parse_list("position-mode", position_mode or "absolute,shifted", str)
         default = "128,256,512,1024" if budget_bytes is None else None
         spelled = budget if budget is not None else default
         budgets = [] if spelled is None else parse_list("budget", spelled, int)
@@ -150,7 +161,13 @@ def eval_ppl(
                 ) from None
         loaded = load_model(model)
         ids = corpus_token_ids(loaded.tokenizer, text, tokens)[:tokens]
+        bos = loaded.tokenizer.bos_token_id if loaded.tokenizer.adds_bos else None
+        # streamed as the engine encodes a prompt: after the BOS token when the vocabulary adds one
+        stream_ids = ids if bos is None else [bos, *ids[: tokens - 1]]
         net = LlamaModel.from_loaded(loaded, activations)
+        if is_hybrid(net):  # the defaults hold what runs per layer group
+            policies = policies if policy else [p for p in policies if p != "h2o"]
+            modes = modes if position_mode else ["absolute"]
         plan = plan_grid(
             net,
             policies,
@@ -169,13 +186,16 @@ def eval_ppl(
             done.append(r.record())
             if json_out is not None:  # after every run, so a long sweep keeps what it measured
                 write_json(json_out, done)
+            groups = "".join(
+                f"  {g['name']} {g['peak_pages']} pages {g['peak_bytes'] / 2**20:.1f} MiB"
+                for g in r.extra.get("kv_groups", ())
+            )
             console.print(
                 f"{r.kv_cache_dtype:>8} {r.policy:>6} {r.position_mode:>8} budget {r.budget!s:>5}: "
-                f"ppl {r.perplexity:.3f}  peak pages {r.peak_pages}  ({r.seconds:.0f} s)"
+                f"ppl {r.perplexity:.3f}  peak pages {r.peak_pages}{groups}  ({r.seconds:.0f} s)"
             )
 
         if method == "chunks":
-            bos = loaded.tokenizer.bos_token_id if loaded.tokenizer.adds_bos else None
             for dtype in dtypes:
                 progress(
                     run_chunked_perplexity(
@@ -189,7 +209,9 @@ def eval_ppl(
                 )
             records = done
         else:
-            records = run_grid(net, ids, plan, page_size=page_size, fast=fast, progress=progress)
+            records = run_grid(
+                net, stream_ids, plan, page_size=page_size, fast=fast, progress=progress
+            )
         print_table(records)
         if json_out is not None:
             write_json(json_out, records)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedattn.eval.kv_pools import bytes_to_token_budget, check_kv_cache_dtype
-from pagedattn.eval.perplexity import PerplexityResult, run_perplexity
+from pagedattn.eval.perplexity import PerplexityResult, check_policy_for_model, run_perplexity
 from pagedattn.eval.policies import EvictionPolicy, make_policy
 
 
@@ -47,7 +47,8 @@ def plan_grid(
     positions (the same numbers in both), ``h2o`` / ``random`` support absolute only.
 
     Raises:
-        ValueError: an unknown dtype (naming ``--kv-cache-dtype``), policy, mode or budget.
+        ValueError: an unknown dtype (naming ``--kv-cache-dtype``), policy, mode or budget, or
+            one a hybrid model cannot run per layer group (``h2o``, ``shifted``).
     """
     for dtype in dtypes:
         check_kv_cache_dtype(dtype, "--kv-cache-dtype")
@@ -72,6 +73,7 @@ def plan_grid(
                         num_sinks=sinks,
                         seed=seed,
                     )
+                    check_policy_for_model(model, policy)
                     plan.append(GridRun(dtype, policy, tokens, size))
     return plan
 

@@ -11,6 +11,11 @@ chunks (chunked prefill). Evicting policies take one page-aligned page per chunk
 first needed page moves only at page boundaries) and ``random`` evicts only when a token opens
 a page, so the resident pages, the visible keys and the eviction decisions are those of the
 token-by-token path; ``full`` evicts nothing and takes ``chunk_tokens`` tokens per chunk.
+
+On a model whose layers keep their own sliding windows (Gemma 3), every layer group has its own
+page table (:mod:`pagedattn.eval.group_tables`): the policy acts on the full-attention layers'
+pages, each sliding group keeps what the smaller of its window and the policy's sees, and the
+result's ``kv_groups`` says each group's peak resident pages and K/V bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.eval.kv_pools import make_pool
+from pagedattn.eval.group_tables import GroupedSequence, is_hybrid
 from pagedattn.eval.policies import EvictionPolicy
 from pagedattn.model.forward_batch import ForwardBatch
 
@@ -96,43 +101,6 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return out
 
 
-class _PagedSequence:
-    """One sequence's page table over a private page pool (free list, absent entries = -1)."""
-
-    def __init__(
-        self, model: Any, num_tokens: int, page_size: int, max_pages: int, dtype: str
-    ) -> None:
-        self.page_size = page_size
-        self.table = np.full((1, -(-num_tokens // page_size)), -1, np.int32)
-        self.kv = make_pool(model, max_pages, page_size, dtype)
-        self.free = list(range(max_pages - 1, -1, -1))
-        self.peak = 0
-
-    def resident(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self.table[0] >= 0)]
-
-    def slots(self, start: int, count: int) -> np.ndarray:
-        """Slots of positions ``start .. start + count``, opening pages as needed."""
-        pos = np.arange(start, start + count)
-        for i in range(start // self.page_size, (start + count - 1) // self.page_size + 1):
-            if self.table[0, i] < 0:
-                if not self.free:
-                    raise RuntimeError("page pool exhausted: the policy exceeded its budget")
-                self.table[0, i] = self.free.pop()
-        self.peak = max(self.peak, int((self.table[0] >= 0).sum()))
-        return np.asarray(
-            self.table[0, pos // self.page_size].astype(np.int64) * self.page_size
-            + pos % self.page_size
-        )
-
-    def evict_all_but(self, keep: list[int]) -> None:
-        kept = set(keep)
-        for i in self.resident():
-            if i not in kept:
-                self.free.append(int(self.table[0, i]))
-                self.table[0, i] = -1
-
-
 def _sink_positions(policy: EvictionPolicy, pos: np.ndarray) -> np.ndarray | None:
     """In-cache query positions against sink keys (shifted mode), as the model runner does."""
     window = policy.sliding_window
@@ -140,6 +108,30 @@ def _sink_positions(policy: EvictionPolicy, pos: np.ndarray) -> np.ndarray | Non
         return None
     out: np.ndarray = np.minimum(pos, policy.num_sink_tokens + window - 1)
     return out
+
+
+def check_policy_for_model(model: Any, policy: EvictionPolicy) -> None:
+    """Refuse what the lab cannot run per layer group on a hybrid model.
+
+    Raises:
+        ValueError: a policy that reads attention scores (``h2o``: its mass is summed over
+            one page table of every layer), or ``shifted`` positions (defined for one window),
+            on a model whose layers keep their own sliding windows.
+    """
+    if not is_hybrid(model):
+        return
+    windows = sorted({w for w in model.config.layer_windows or () if w})
+    if policy.needs_attention:
+        raise ValueError(
+            f"policy: {policy.name!r} reads attention scores over one page table of every "
+            f"layer; a model whose layers keep their own sliding windows ({windows}) runs "
+            f"full, window, sinks or random"
+        )
+    if policy.position_mode == "shifted":
+        raise ValueError(
+            f"position_mode: 'shifted' ({policy.name}) counts positions inside one window; a "
+            f"model whose layers keep their own sliding windows ({windows}) runs 'absolute'"
+        )
 
 
 def run_perplexity(
@@ -183,12 +175,17 @@ def run_perplexity(
     n = ids.size - 1  # tokens fed (the last one is only a target)
     total_pages = -(-n // page_size)
     max_pages = total_pages if policy.max_pages is None else min(policy.max_pages, total_pages)
-    seq = _PagedSequence(model, n, page_size, max_pages, kv_cache_dtype)
+    check_policy_for_model(model, policy)
     token_by_token = policy.needs_attention or not fast
     fast_chunk = chunk_tokens if policy.max_pages is None else page_size
     chunk = 1 if token_by_token else fast_chunk
+    seq = GroupedSequence(
+        model, n, page_size, max_pages, kv_cache_dtype, policy_window=policy.sliding_window,
+        num_sink_tokens=policy.num_sink_tokens, step_tokens=chunk,
+    )  # fmt: skip
+    table = seq.policy_table
     nll = np.empty(n, np.float64)
-    mass = np.zeros(seq.table.shape[1], np.float64) if policy.needs_attention else None
+    mass = np.zeros(table.table.shape[1], np.float64) if policy.needs_attention else None
     log: list[tuple[int, int, list[int]]] | None = [] if trace else None
     began = time.perf_counter()
     start = 0
@@ -196,32 +193,34 @@ def run_perplexity(
         count = min(chunk, n - start)
         slots = seq.slots(start, count)
         if log is not None:
-            log.append((start, count, seq.resident()))
+            log.append((start, count, table.resident()))
         pos = np.arange(start, start + count, dtype=np.int64)
         batch = ForwardBatch(
             input_ids=ids[start : start + count],
             positions=pos,
-            slot_mapping=slots,
             query_start_loc=np.asarray([0, count], np.int32),
             context_lens=np.asarray([start + count], np.int32),
-            page_tables=seq.table,
             logits_indices=np.arange(count, dtype=np.int64),
             sliding_window=policy.sliding_window,
             num_sink_tokens=policy.num_sink_tokens,
             sink_positions=_sink_positions(policy, pos),
+            **seq.batch_fields(slots),
         )
         if mass is not None:
-            step_mass = np.zeros(seq.table.shape, np.float32)
+            step_mass = np.zeros(table.table.shape, np.float32)
             logits = model.forward(batch, seq.kv, attention_mass=step_mass)
             mass += step_mass[0]
         else:
             logits = model.forward(batch, seq.kv)
         nll[start : start + count] = _nll(logits, ids[start + 1 : start + count + 1])
         start += count
-        keep = policy.keep(seq.resident(), start, mass)
-        seq.evict_all_but(keep)
+        table.evict_all_but(policy.keep(table.resident(), start, mass))
+        seq.evict_windows(start)
         if mass is not None:
-            mass[seq.table[0] < 0] = 0.0  # an evicted page's history leaves with it
+            mass[table.table[0] < 0] = 0.0  # an evicted page's history leaves with it
+    extra: dict[str, Any] = {}
+    if seq.layer_groups is not None:
+        extra["kv_groups"] = seq.group_peaks()
     return PerplexityResult(
         policy=policy.name,
         position_mode=policy.position_mode,
@@ -229,13 +228,14 @@ def run_perplexity(
         page_size=page_size,
         tokens=int(ids.size),
         nll=nll,
-        peak_pages=seq.peak,
+        peak_pages=table.peak,
         sliding_window=policy.sliding_window,
         num_sink_tokens=policy.num_sink_tokens,
         path="token" if token_by_token else "fast",
         seconds=time.perf_counter() - began,
         kv_cache_dtype=kv_cache_dtype,
-        page_bytes=int(seq.kv.nbytes) // max_pages,
+        page_bytes=seq.page_layer_bytes * model.config.num_layers,
         activations=str(getattr(model, "activations", "float32")),
+        extra=extra,
         resident_log=log,
     )
