@@ -16,6 +16,12 @@ are decoded once per super-block, all sub-blocks' at once in vector registers:
   final subtraction: the same bits.
 * Q6_K: 6-bit codes (low nibbles and 2 high bits) less 32, an int8 scale per 16 inputs and a
   trailing float16 ``d``: ``w = (d * scale) * q``, both products exact.
+
+With AVX-512 (:func:`~pagedattn.kernels.target.has_wide_registers`), the only host-specific
+code here: a Q4_K sub-block's 16 possible weights are computed once, by the same ``fma``, and
+each input's weight is looked up by its code (``vpermps``), and the per-sub-block scales are
+splatted from a stack slot (broadcast loads) rather than shuffled out of registers. The values
+are the same on every path; only the instruction count differs.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from llvmlite import ir
+from numba.core import cgutils
 
 from pagedattn.kernels.simd_ir import F32, I8, I32, fma, mask, splat
+from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_ir import LANES, SHAPES, VF, decoded_block, half_at
 
 GROUP = 32  # inputs per group
@@ -89,9 +97,52 @@ def _ints(values: list[int]) -> ir.Constant:
     return ir.Constant(ir.VectorType(I32, len(values)), values)
 
 
-def _lane(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
-    """<LANES x float> of lane ``i`` of ``v``."""
-    return builder.shuffle_vector(v, v, mask([i] * LANES))
+def _looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Value:
+    """``table[index & 15]`` per lane (``vpermps`` on zmm: AVX-512F only)."""
+    fnty = ir.FunctionType(VF, [VF, _V16I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
+    return builder.call(fn, [table, index])
+
+
+_CODES16 = ir.Constant(VF, [float(q) for q in range(LANES)])
+
+
+class _Lanes:
+    """The lanes of float vectors, each handed out splatted to LANES lanes.
+
+    With AVX-512 the vectors go through a stack slot that LLVM may not see into (an empty asm
+    statement takes its address), so each splat is a broadcast load, or an fma's embedded
+    ``{1to16}`` operand, instead of one or two shuffles per lane in registers; elsewhere, or
+    as a fallback, a shuffle. Either way the same float values: speed only."""
+
+    def __init__(self, builder: ir.IRBuilder, vectors: list[ir.Value]) -> None:
+        self._builder, self._vectors = builder, vectors
+        self._slot: ir.Value | None = None
+        if has_wide_registers():
+            count = sum(v.type.count for v in vectors)
+            slot = cgutils.alloca_once(builder, ir.ArrayType(F32, count))
+            at = 0
+            for v in vectors:
+                ptr = builder.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, at)])
+                builder.store(v, builder.bitcast(ptr, v.type.as_pointer()), align=4)
+                at += v.type.count
+            i8p = I8.as_pointer()
+            barrier = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i8p]), "", "r,~{memory}",
+                                   side_effect=True)  # fmt: skip
+            builder.call(barrier, [builder.bitcast(slot, i8p)])
+            self._slot = slot
+
+    def splat(self, i: int) -> ir.Value:
+        """Lane ``i`` of the vectors laid end to end, as <LANES x float>."""
+        b = self._builder
+        if self._slot is None:
+            for v in self._vectors:
+                if i < v.type.count:
+                    return b.shuffle_vector(v, v, mask([i] * LANES))
+                i -= v.type.count
+            raise IndexError(i)
+        ptr = b.gep(self._slot, [ir.Constant(I32, 0), ir.Constant(I32, i)])
+        return splat(b, b.load(ptr, align=4), LANES)
 
 
 class _Q45K:
@@ -120,15 +171,25 @@ class _Q45K:
         mn = b.lshr(m_low, _ints([0] * 4 + [4] * 4))
         mn = b.or_(b.and_(mn, low_bits), b.and_(b.lshr(m_top, two), top_bits))
         d, dmin = splat(b, half_at(b, block, 0), 8), splat(b, half_at(b, block, 2), 8)
-        self._scale = b.fmul(d, b.sitofp(sc, _V8F))  # d * sc, as gguf rounds it
+        scale = b.fmul(d, b.sitofp(sc, _V8F))  # d * sc, as gguf rounds it
         dm = b.fmul(dmin, b.sitofp(mn, _V8F))
-        self._offset = b.fmul(dm, splat(b, F32(-1.0), 8))  # -(dmin * m), exactly
+        offset = b.fmul(dm, splat(b, F32(-1.0), 8))  # -(dmin * m), exactly
+        self._lanes = _Lanes(b, [scale, offset])
 
     def group(self, g: int) -> list[ir.Value]:
         b = self._builder
         pair, high_nibble = divmod(g, 2)
-        scale, offset = _lane(b, self._scale, g), _lane(b, self._offset, g)
+        scale, offset = self._lanes.splat(g), self._lanes.splat(8 + g)
         out = []
+        if self._kind == 5 and has_wide_registers():
+            # the sub-block's 16 possible weights, each the fma below computes for its code,
+            # looked up per input by the code (vpermps reads only an index's low 4 bits)
+            table = fma(b, scale, _CODES16, offset)
+            for half in range(GROUP // LANES):
+                v = self._bytes.at(self._codes + GROUP * pair + LANES * half)
+                index = b.lshr(v, _ints([4] * LANES)) if high_nibble else v
+                out.append(_looked_up(b, table, index))
+            return out
         for half in range(GROUP // LANES):
             v = self._bytes.at(self._codes + GROUP * pair + LANES * half)
             code = b.lshr(v, _ints([4] * LANES)) if high_nibble else b.and_(v, _ints([15] * LANES))
@@ -150,7 +211,8 @@ class _Q6K:
         b = self._builder = builder
         self._bytes = _Bytes(builder, block)
         d = splat(b, half_at(b, block, 208), LANES)
-        self._scale = b.fmul(d, b.sitofp(self._bytes.at(192, signed=True), VF))  # d * scale
+        scale = b.fmul(d, b.sitofp(self._bytes.at(192, signed=True), VF))  # d * scale
+        self._lanes = _Lanes(b, [scale])
 
     def group(self, g: int) -> list[ir.Value]:
         # group g = 32 * g.. of the super-block: half h = g // 4 of 128 inputs, quarter s = g % 4:
@@ -165,5 +227,5 @@ class _Q6K:
             top = b.shl(b.and_(b.lshr(qh, _ints([2 * s] * LANES)), _ints([3] * LANES)),
                         _ints([4] * LANES))  # fmt: skip
             code = b.sub(b.or_(nib, top), _ints([32] * LANES))
-            out.append(b.fmul(_lane(b, self._scale, 2 * g + half), b.sitofp(code, VF)))
+            out.append(b.fmul(self._lanes.splat(2 * g + half), b.sitofp(code, VF)))
         return out
