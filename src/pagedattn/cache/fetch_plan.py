@@ -8,7 +8,8 @@ import numpy as np
 from pagedattn.cache.hashing import prefix_page_hashes
 from pagedattn.cache.hybrid_hits import cached_pages, chain_hit
 from pagedattn.cache.manager import CacheManager
-from pagedattn.cache.tier_fetch import FetchingTier, TierFetch, WindowFetch, page_key
+from pagedattn.cache.tier_fetch import FetchingTier, TierFetch, WindowFetch
+from pagedattn.cache.tier_pages import page_key
 
 
 def plan_fetch(manager: CacheManager, tokens: np.ndarray) -> TierFetch | None:

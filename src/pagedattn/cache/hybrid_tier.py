@@ -18,20 +18,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedattn.cache.hashing import PageHash, PageKey
+from pagedattn.cache.hashing import PageHash
 from pagedattn.cache.hybrid_hits import cached_pages, visible_pages
 from pagedattn.cache.sequence_pages import SequencePages
-from pagedattn.cache.tier_pages import PageTier, restore_or_miss
+from pagedattn.cache.tier_pages import PageTier, page_key, restore_or_miss
 
 if TYPE_CHECKING:
     from pagedattn.cache.manager import CacheManager
 
 logger = logging.getLogger("pagedattn.cache")
-
-
-def _key(hashes: Sequence[PageHash], tokens: np.ndarray, i: int, ps: int) -> PageKey:
-    parent = hashes[i - 1] if i else None
-    return PageKey(hashes[i], parent, tuple(tokens[i * ps : (i + 1) * ps].tolist()))
 
 
 def _restore_window(
@@ -55,7 +50,7 @@ def _restore_window(
     if tier is None or len(need) > m.allocator.num_allocatable(reclaim_cached=reclaim):
         return None
     try:
-        kvs = tier.lookup([_key(hashes, tokens, i, ps) for i in need])
+        kvs = tier.lookup([page_key(hashes, tokens, i, ps) for i in need])
     except Exception:
         errors["lookup"] += 1
         logger.warning("kv_store lookup failed: a prefix-cache miss", exc_info=True)
@@ -67,7 +62,7 @@ def _restore_window(
         page_id = m.allocator.allocate(reclaim_cached=reclaim)
         parent = present[i - 1] if i else None
         record = None if parent is None else m.allocator.cached_page(parent)
-        key = _key(hashes, tokens, i, ps)
+        key = page_key(hashes, tokens, i, ps)
         try:
             tier.load(page_id, kv)
             serial = m.allocator.register(

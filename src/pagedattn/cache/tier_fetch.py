@@ -198,9 +198,3 @@ class TierFetch:
             jobs = dict(self._jobs)
         groups = range(1 + len(self._windows))
         return FetchedPages(tuple(jobs[g].taken() if g in jobs else {} for g in groups))
-
-
-def page_key(hashes: Sequence[PageHash], tokens: np.ndarray, i: int, page_size: int) -> PageKey:
-    """The key of full page ``i``: its hash, its parent's and its exact token ids."""
-    parent = hashes[i - 1] if i else None
-    return PageKey(hashes[i], parent, tuple(tokens[i * page_size : (i + 1) * page_size].tolist()))

@@ -22,6 +22,12 @@ from pagedattn.cache.sequence_pages import SequencePages
 logger = logging.getLogger("pagedattn.cache")
 
 
+def page_key(hashes: Sequence[PageHash], tokens: np.ndarray, i: int, page_size: int) -> PageKey:
+    """The tier key of full page ``i``: its hash, its parent's and its exact token ids."""
+    parent = hashes[i - 1] if i else None
+    return PageKey(hashes[i], parent, tuple(tokens[i * page_size : (i + 1) * page_size].tolist()))
+
+
 class PageTier(Protocol):
     """The persistent tier as the cache manager uses it (:class:`pagedattn.storage.KVTier`)."""
 
@@ -95,10 +101,7 @@ def restore_pages(
     """
     ps, first = page_size, len(seq.page_table)
     keys = [
-        PageKey(
-            hashes[i], hashes[i - 1] if i else None, tuple(tokens[i * ps : (i + 1) * ps].tolist())
-        )
-        for i in range(first, min(len(hashes), first + max_pages))
+        page_key(hashes, tokens, i, ps) for i in range(first, min(len(hashes), first + max_pages))
     ]
     restored = 0
     for key, kv in zip(keys, tier.lookup(keys), strict=False):
