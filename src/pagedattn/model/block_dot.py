@@ -172,29 +172,41 @@ def _make_decode_rows(cols: int) -> Any:
 
 
 _rows1, _rows2, _rows3, _rows4 = (_make_decode_rows(c) for c in (1, 2, 3, 4))
-# built only where DECODE_COLS reaches them (never called otherwise)
-_rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(min(c, DECODE_COLS)) for c in (5, 6, 7, 8))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _decode_group(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """out[t + c, col + n] for c < cols (1 to DECODE_COLS), n in [n0, n1)."""
+def _decode_group4(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t + c, col + n] for c < cols (1 to 4), n in [n0, n1)."""
     if cols == 1:
         _rows1(x, blocks, kind, n0, n1, t, out, col)
     elif cols == 2:
         _rows2(x, blocks, kind, n0, n1, t, out, col)
     elif cols == 3:
         _rows3(x, blocks, kind, n0, n1, t, out, col)
-    elif cols == 4:
-        _rows4(x, blocks, kind, n0, n1, t, out, col)
-    elif cols == 5:
-        _rows5(x, blocks, kind, n0, n1, t, out, col)
-    elif cols == 6:
-        _rows6(x, blocks, kind, n0, n1, t, out, col)
-    elif cols == 7:
-        _rows7(x, blocks, kind, n0, n1, t, out, col)
     else:
-        _rows8(x, blocks, kind, n0, n1, t, out, col)
+        _rows4(x, blocks, kind, n0, n1, t, out, col)
+
+
+if DECODE_COLS == 4:
+    # the kernel holds the variants its groups can take, no more: each is a register tile per
+    # block kind (with 8 variants where 4 can occur, a compile took 1.6x as long)
+    _decode_group = _decode_group4
+else:
+    _rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(c) for c in (5, 6, 7, 8))
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _decode_group(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+        """out[t + c, col + n] for c < cols (1 to 8), n in [n0, n1)."""
+        if cols <= 4:
+            _decode_group4(x, blocks, kind, n0, n1, t, cols, out, col)
+        elif cols == 5:
+            _rows5(x, blocks, kind, n0, n1, t, out, col)
+        elif cols == 6:
+            _rows6(x, blocks, kind, n0, n1, t, out, col)
+        elif cols == 7:
+            _rows7(x, blocks, kind, n0, n1, t, out, col)
+        else:
+            _rows8(x, blocks, kind, n0, n1, t, out, col)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
