@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import hf_gguf
+
+hf_gguf.install()  # transformers parses a GGUF once per file, not once per from_pretrained
+
 #: modules whose tests compile for minutes on a cold cache, longest first
 COMPILING_MODULES = (
     "tests/model/test_portability.py",
