@@ -63,6 +63,8 @@ PYTEST_WORKERS ?= 2
 # test's first request waits on a compile and the two workers never compile the same kernel.
 # The cache-equality test's worker runs first: on a cold cache it is the process that compiles,
 # and its answers (compiled-kernels.json) are what the test compares a cache-loading run with.
+# (with every block kind in one kernel, as the tests run them: tests/conftest.py)
+warm: export PAGEDATTN_ALL_BLOCK_KINDS = 1
 warm: $(VENV)/.setup-run
 	$(BIN)/python -m tests.engine.cached_kernels_worker $(VENV)/compiled-kernels.json
 	$(BIN)/pagedattn generate "Hi" --max-tokens 4 --stats > /dev/null

@@ -17,6 +17,12 @@ from hypothesis import HealthCheck, settings
 
 from tests import hf_gguf
 
+# One block kernel for every GGUF block kind (pagedattn.model.block_ir.ALL_KINDS_ONLY): the
+# suite meets most kinds and combinations, each of which would otherwise compile its own
+# kernel; `make warm` compiles with the same setting. test_block_dot checks the default, a
+# kernel per model's kinds, in a subprocess without it.
+os.environ.setdefault("PAGEDATTN_ALL_BLOCK_KINDS", "1")
+
 hf_gguf.install()  # transformers parses a GGUF once per file, not once per from_pretrained
 
 #: modules whose tests compile for minutes on a cold cache, longest first

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedattn.model import block_dot, block_tiles
+from pagedattn.model.block_ir import KINDS, kind_set, kinds_of
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
+from tests.model.random_blocks import random_blocks
 
 
 def _case(qtype: Q, out: int, blocks: int, rows: int, seed: int):  # type: ignore[no-untyped-def]
@@ -36,7 +44,7 @@ def test_register_and_scratch_kernels_agree_bitwise(
     in_registers = np.full((rows, out), np.nan, np.float32)
     from_scratch = np.full((rows, out), np.nan, np.float32)
     b, k = block.blocks, block.kind
-    block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), 1, in_registers)
+    block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), kind_set({k}), 1, in_registers)
     block_tiles.qmatmul_tiled(*args, from_scratch)
     np.testing.assert_array_equal(in_registers, from_scratch)
     # the float32 kernel, fed gguf's own dequantized weights, does the same operations
@@ -94,3 +102,58 @@ def test_parts_in_one_launch_equal_each_part_alone(
     if activations == "float32":
         dense = np.concatenate([p.dequantize() for p in parts]).astype(np.float64)
         np.testing.assert_allclose(got, x.astype(np.float64) @ dense.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kind_set_names_its_kinds_in_its_type_and_refuses_others() -> None:
+    import numba
+
+    marker = kind_set({KINDS["Q6_K"], KINDS["Q4_K"]})
+    assert set(kinds_of(numba.typeof(marker))) >= {5, 7}  # all kinds in the suite (conftest)
+    assert marker.size == 0 and not marker.flags.writeable
+    assert kind_set([7, 5]) is marker  # one array (and one compiled kernel) per set
+    with pytest.raises(ValueError, match="kind set"):
+        kind_set({99})
+    with pytest.raises(ValueError, match="kind set"):
+        kind_set(())
+
+
+_OWN_KINDS = """
+import sys
+import numba, numpy as np
+from pagedattn.model import block_dot
+from pagedattn.model.block_ir import kinds_of
+from pagedattn.model.quantized import from_gguf_blocks, qmatmul
+data = np.load(sys.argv[1])
+out = {}
+for name in ("Q8_0", "Q4_K"):
+    w = from_gguf_blocks(data[name], name, tuple(data[name + "_shape"]))
+    out[name] = qmatmul(data["x"], w)
+print(sorted(kinds_of(sig[5]) for sig in block_dot.qmatmul_blocks.signatures))
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.mark.slow  # compiles two block kernels
+def test_by_default_a_kernel_holds_its_kinds_only_with_the_same_bits(tmp_path: Path) -> None:
+    """Without the suite's one-kernel setting, a matrix's kernel is compiled for its own kind
+    alone (a model's: for the model's kinds), and computes the bits of the every-kind kernel."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    arrays: dict[str, np.ndarray] = {"x": x}
+    want = {}
+    for qtype in (Q.Q8_0, Q.Q4_K):
+        raw = random_blocks(qtype, (24, 512), rng)
+        arrays[qtype.name], arrays[qtype.name + "_shape"] = raw, np.array([24, 512])
+        want[qtype.name] = qmatmul(x, from_gguf_blocks(raw, qtype.name, (24, 512)))
+    path = tmp_path / "case.npz"
+    np.savez(path, **arrays)
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDATTN_ALL_BLOCK_KINDS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_KINDS, str(path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "[(2,), (5,)]"  # Q8_0 alone, Q4_K alone
+    got = np.load(path)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)

@@ -97,7 +97,7 @@ def test_mixed_types_keep_the_fused_step_bitwise_the_general_path(
     got = _decode_logits(fused, prompt, 6)
     assert len(calls) == 6 * CONFIG.num_layers  # every decode step took the fused layer
     # each matrix's flag: int8 exactly for the types the int8 kernels read
-    flags = [call[15] for call in calls[: CONFIG.num_layers]]
+    flags = [call[16] for call in calls[: CONFIG.num_layers]]  # decode_layer(..., int8, ...)
     int8_types = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
     assert flags == [tuple(t in int8_types for t in row) for row in MIXED]
     np.testing.assert_array_equal(got, _decode_logits(plain, prompt, 6))

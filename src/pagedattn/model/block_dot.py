@@ -47,7 +47,7 @@ import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector, prefetch
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder, prefetch_offsets
-from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
+from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind, kinds_of
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
@@ -78,19 +78,23 @@ def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
 
 
 def _make_decode_dot(rows: int, cols: int = 1) -> Any:
-    """Intrinsic (kind, blocks, n0, x, t0) -> UniTuple(float32, rows * cols): out[t0 + c, n0 + r]
-    at index ``r * cols + c``: each block of ``rows`` output rows is decoded once in registers
-    and met by ``cols`` activation rows, every accumulator taking the same ``fma`` sequence as
-    one row alone."""
+    """Intrinsic (kind, kind_set, blocks, n0, x, t0) -> UniTuple(float32, rows * cols):
+    out[t0 + c, n0 + r] at index ``r * cols + c``: each block of ``rows`` output rows is decoded
+    once in registers and met by ``cols`` activation rows, every accumulator taking the same
+    ``fma`` sequence as one row alone; a variant per kind of ``kind_set``
+    (:func:`~pagedattn.model.block_ir.kind_set`)."""
 
     @intrinsic  # type: ignore[misc]
-    def decode_dot(typingctx: Any, kind: Any, blocks: Any, n0: Any, x: Any, t: Any) -> Any:
-        sig = types.UniTuple(types.float32, rows * cols)(kind, blocks, n0, x, t)
+    def decode_dot(
+        typingctx: Any, kind: Any, kind_set: Any, blocks: Any, n0: Any, x: Any, t: Any
+    ) -> Any:
+        sig = types.UniTuple(types.float32, rows * cols)(kind, kind_set, blocks, n0, x, t)
+        kinds = kinds_of(kind_set)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            b_arr = Arr2D(context, builder, sig.args[1], args[1])
-            x_arr = Arr2D(context, builder, sig.args[3], args[3])
-            n_first, t_first = args[2], args[4]
+            b_arr = Arr2D(context, builder, sig.args[2], args[2])
+            x_arr = Arr2D(context, builder, sig.args[4], args[4])
+            n_first, t_first = args[3], args[5]
             i64 = n_first.type
 
             def emit(kind: int) -> list[ir.Value]:
@@ -138,7 +142,7 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
                 return [hsum(builder, a) for a in accs]
 
-            sums = by_kind(builder, args[0], emit)
+            sums = by_kind(builder, args[0], emit, kinds)
             return context.make_tuple(builder, sig.return_type, sums)
 
         return sig, codegen
@@ -147,23 +151,23 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
 
 
 def _make_decode_rows(cols: int) -> Any:
-    """Compiled (x, blocks, kind, n0, n1, t, out, col): out[t + c, col + n] for c < ``cols``
-    and n in [n0, n1), each block decoded once in registers for the ``cols`` rows of x, tiles
-    of :func:`decode_tile_rows` output rows, then single rows."""
+    """Compiled (x, blocks, kind, kind_set, n0, n1, t, out, col): out[t + c, col + n] for
+    c < ``cols`` and n in [n0, n1), each block decoded once in registers for the ``cols`` rows
+    of x, tiles of :func:`decode_tile_rows` output rows, then single rows."""
     tile = decode_tile_rows(cols)
     dot_tile, dot_one = _make_decode_dot(tile, cols), _make_decode_dot(1, cols)
 
     @numba.njit(nogil=True, inline="always")
-    def decode_rows(x, blocks, kind, n0, n1, t, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    def decode_rows(x, blocks, kind, kind_set, n0, n1, t, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
         n = n0
         while n + tile <= n1:
-            r = dot_tile(kind, blocks, n, x, t)
+            r = dot_tile(kind, kind_set, blocks, n, x, t)
             for i in range(tile):
                 for c in range(cols):
                     out[t + c, col + n + i] = r[i * cols + c]
             n += tile
         while n < n1:
-            s = dot_one(kind, blocks, n, x, t)
+            s = dot_one(kind, kind_set, blocks, n, x, t)
             for c in range(cols):
                 out[t + c, col + n] = s[c]
             n += 1
@@ -175,16 +179,16 @@ _rows1, _rows2, _rows3, _rows4 = (_make_decode_rows(c) for c in (1, 2, 3, 4))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _decode_group4(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _decode_group4(x, blocks, kind, kind_set, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t + c, col + n] for c < cols (1 to 4), n in [n0, n1)."""
     if cols == 1:
-        _rows1(x, blocks, kind, n0, n1, t, out, col)
+        _rows1(x, blocks, kind, kind_set, n0, n1, t, out, col)
     elif cols == 2:
-        _rows2(x, blocks, kind, n0, n1, t, out, col)
+        _rows2(x, blocks, kind, kind_set, n0, n1, t, out, col)
     elif cols == 3:
-        _rows3(x, blocks, kind, n0, n1, t, out, col)
+        _rows3(x, blocks, kind, kind_set, n0, n1, t, out, col)
     else:
-        _rows4(x, blocks, kind, n0, n1, t, out, col)
+        _rows4(x, blocks, kind, kind_set, n0, n1, t, out, col)
 
 
 if DECODE_COLS == 4:
@@ -195,22 +199,22 @@ else:
     _rows5, _rows6, _rows7, _rows8 = (_make_decode_rows(c) for c in (5, 6, 7, 8))
 
     @numba.njit(cache=True, nogil=True, inline="always")
-    def _decode_group(x, blocks, kind, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+    def _decode_group(x, blocks, kind, kind_set, n0, n1, t, cols, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
         """out[t + c, col + n] for c < cols (1 to 8), n in [n0, n1)."""
         if cols <= 4:
-            _decode_group4(x, blocks, kind, n0, n1, t, cols, out, col)
+            _decode_group4(x, blocks, kind, kind_set, n0, n1, t, cols, out, col)
         elif cols == 5:
-            _rows5(x, blocks, kind, n0, n1, t, out, col)
+            _rows5(x, blocks, kind, kind_set, n0, n1, t, out, col)
         elif cols == 6:
-            _rows6(x, blocks, kind, n0, n1, t, out, col)
+            _rows6(x, blocks, kind, kind_set, n0, n1, t, out, col)
         elif cols == 7:
-            _rows7(x, blocks, kind, n0, n1, t, out, col)
+            _rows7(x, blocks, kind, kind_set, n0, n1, t, out, col)
         else:
-            _rows8(x, blocks, kind, n0, n1, t, out, col)
+            _rows8(x, blocks, kind, kind_set, n0, n1, t, out, col)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _decode_task(x, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _decode_task(x, blocks, kind, kind_set, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, col + n] = dot(x[t], decoded row n) for the ROWS_PER_TASK rows of ``task``: the
     rows of x in as few groups of at most DECODE_COLS as cover them, sizes balanced (9 rows:
     5 + 4), each group meeting every decoded block once."""
@@ -221,7 +225,7 @@ def _decode_task(x, blocks, kind, task, out, col):  # type: ignore[no-untyped-de
     t = 0
     for g in range(groups):
         cols = (num_rows - t + groups - g - 1) // (groups - g)
-        _decode_group(x, blocks, kind, n0, n1, t, cols, out, col)
+        _decode_group(x, blocks, kind, kind_set, n0, n1, t, cols, out, col)
         t += cols
 
 
@@ -261,6 +265,7 @@ def qmatmul_blocks(
     b1: np.ndarray,
     b2: np.ndarray,
     kinds: tuple[int, int, int],
+    kind_set: np.ndarray,
     num_parts: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
@@ -270,9 +275,11 @@ def qmatmul_blocks(
 
     x: (T, K) float32; b0..b2: block rows of ``kinds`` (values of
     :data:`~pagedattn.model.block_ir.KINDS`), parts past ``num_parts`` (1 to 3) ignored;
-    out: (T, sum of the parts' rows) float32, their columns side by side (q|k|v, gate|up: one
-    thread-pool wake-up instead of three). Each output is the same operations whatever parts
-    share the launch and whatever T is."""
+    kind_set: a :func:`~pagedattn.model.block_ir.kind_set` holding ``kinds`` (the kernel is
+    compiled once per set: a model passes the set of all its matrices); out: (T, sum of the
+    parts' rows) float32, their columns side by side (q|k|v, gate|up: one thread-pool wake-up
+    instead of three). Each output is the same operations whatever parts share the launch and
+    whatever T is."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
-        _decode_task(x, blocks, kind, local, out, col)
+        _decode_task(x, blocks, kind, kind_set, local, out, col)

@@ -5,14 +5,21 @@ The 32-input block formats are ggml's ``block_q4_0``, ``block_q4_1``, ``block_q8
 minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The 256-input K-quant
 super-blocks are :mod:`pagedattn.model.block_decoders`'. A kind is the runtime integer of
 :data:`KINDS`; an intrinsic that serves several kinds emits one variant per kind behind one
-switch on it (:func:`by_kind`), outside its loop over blocks. Nothing here names a host-specific
-instruction: the float16 fields widen through :func:`pagedattn.kernels.half_ir.widen_half_bits`.
+switch on it (:func:`by_kind`), outside its loop over blocks, for the kinds a kernel is
+compiled for: those a :func:`kind_set` argument names in its type, so a model's kernels hold
+the variants of its own block types only (a kernel of every kind took four times as long to
+compile as one of one kind). Nothing here names a host-specific instruction: the float16
+fields widen through :func:`pagedattn.kernels.half_ir.widen_half_bits`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
@@ -28,11 +35,44 @@ KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4, "Q4_K": 5, "Q5_K
 # kind -> (inputs per block, bytes per block), as ggml.h's type traits
 SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
 SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
+NAMES = {kind: name for name, kind in KINDS.items()}
 INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read
 # kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS
 LAYOUT = {0: (18, 2, True), 1: (20, 4, True), 2: (34, 2, False)}
 
 VF = ir.VectorType(F32, LANES)
+
+
+#: with ``PAGEDATTN_ALL_BLOCK_KINDS=1`` every kind set is the set of all kinds: one compiled
+#: kernel serves every model (the test suite's setting: it meets most kinds and combinations)
+ALL_KINDS_ONLY = os.environ.get("PAGEDATTN_ALL_BLOCK_KINDS") == "1"
+
+
+def kind_set(kinds: Iterable[int]) -> np.ndarray:
+    """The kind set ``kinds`` as a kernel argument: a zero-length read-only array whose record
+    dtype has one field per kind, named by its GGUF type (``Q4_K``, ``Q6_K``). Its Numba type
+    is what varies, so a kernel is compiled once per set, with a variant for each kind in it
+    (:func:`kinds_of`); the kinds a call reads must be in the set. Every kind's variant is the
+    same code in every set, so a set changes what is compiled, never a result's bits."""
+    chosen = frozenset(kinds)
+    if not chosen or not chosen <= set(SHAPES):
+        raise ValueError(f"a kind set names block kinds of {sorted(SHAPES)}, got {sorted(chosen)}")
+    return _kind_set(frozenset(SHAPES) if ALL_KINDS_ONLY else chosen)
+
+
+@functools.cache
+def _kind_set(kinds: frozenset[int]) -> np.ndarray:
+    names = np.dtype([(NAMES[k], np.uint8) for k in sorted(kinds)])
+    marker = np.zeros(0, names)
+    marker.flags.writeable = False
+    return marker
+
+
+def kinds_of(kind_set_type: Any) -> tuple[int, ...]:
+    """The kinds (ascending) named by the Numba type of a :func:`kind_set` argument."""
+    return tuple(sorted(KINDS[name] for name in kind_set_type.dtype.fields))
+
+
 _I16 = ir.IntType(16)
 _I64 = ir.IntType(64)
 

@@ -51,7 +51,16 @@ INT8_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def _project(  # pragma: no cover - replaced by the overload in kernels
-    x: Any, int8: Any, first: Any, b0: Any, b1: Any, b2: Any, kinds: Any, num_parts: Any, out: Any
+    x: Any,
+    int8: Any,
+    first: Any,
+    b0: Any,
+    b1: Any,
+    b2: Any,
+    kinds: Any,
+    kind_set: Any,
+    num_parts: Any,
+    out: Any,
 ) -> None:
     """``out = x @ concat(parts).T`` as :func:`pagedattn.model.quantized.qmatmul` does it for
     a decode step: parts on one path share one register-decode launch (int8: inputs quantized
@@ -66,11 +75,11 @@ def _project(  # pragma: no cover - replaced by the overload in kernels
 # The overload's parameters carry no annotations: Numba requires the typing function's
 # signature to equal its implementations'.
 @overload(_project, inline="always")
-def _project_by_path(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+def _project_by_path(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
     if isinstance(int8, types.NoneType):
 
-        def exact(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
-            qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
+        def exact(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+            qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
 
         return exact
     from pagedattn.model.block_dot_int8 import project_int8, require_int8
@@ -78,25 +87,25 @@ def _project_by_path(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type
     require_int8()  # a Python error, never an LLVM abort, on a CPU without AVX2
     impl: Any = project_int8
 
-    def by_part(x, int8, first, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+    def by_part(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
         f0 = int8[first]
         f1 = int8[first + 1] if num_parts > 1 else f0
         f2 = int8[first + 2] if num_parts > 2 else f1
         if f0 and f1 and f2:
             impl(x, b0, b1, b2, kinds, num_parts, out)
         elif not (f0 or f1 or f2):
-            qmatmul_blocks(x, b0, b1, b2, kinds, num_parts, out)
+            qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
         else:  # two or three parts, on both paths: one launch each, into its own columns
-            _part(x, int8, f0, b0, kinds[0], out, 0)
-            _part(x, int8, f1, b1, kinds[1], out, b0.shape[0])
+            _part(x, int8, f0, b0, kinds[0], kind_set, out, 0)
+            _part(x, int8, f1, b1, kinds[1], kind_set, out, b0.shape[0])
             if num_parts > 2:
-                _part(x, int8, f2, b2, kinds[2], out, b0.shape[0] + b1.shape[0])
+                _part(x, int8, f2, b2, kinds[2], kind_set, out, b0.shape[0] + b1.shape[0])
 
     return by_part
 
 
 def _part(  # pragma: no cover - replaced by the overload in kernels
-    x: Any, int8: Any, flag: Any, blocks: Any, kind: Any, out: Any, col: Any
+    x: Any, int8: Any, flag: Any, blocks: Any, kind: Any, kind_set: Any, out: Any, col: Any
 ) -> None:
     """``out[:, col : col + n] = x @ blocks.T`` for one part of a mixed projection, on the int8
     path where ``flag`` is true (``int8`` is the layer's flags: their type says whether the
@@ -105,19 +114,19 @@ def _part(  # pragma: no cover - replaced by the overload in kernels
 
 
 @overload(_part, inline="always")
-def _part_by_path(x, int8, flag, blocks, kind, out, col):  # type: ignore[no-untyped-def]
+def _part_by_path(x, int8, flag, blocks, kind, kind_set, out, col):  # type: ignore[no-untyped-def]
     if isinstance(int8, types.NoneType):
         return None  # only the int8 specialization has mixed projections
     from pagedattn.model.block_dot_int8 import project_int8
 
     impl: Any = project_int8
 
-    def one(x, int8, flag, blocks, kind, out, col):  # type: ignore[no-untyped-def]
+    def one(x, int8, flag, blocks, kind, kind_set, out, col):  # type: ignore[no-untyped-def]
         values = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         if flag:
             impl(x, blocks, blocks, blocks, (kind, kind, kind), 1, values)
         else:
-            qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), 1, values)
+            qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), kind_set, 1, values)
         out[:, col : col + blocks.shape[0]] = values
 
     return one
@@ -140,6 +149,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     gate_up_kinds,
     bd,
     down_kind,
+    kind_set,
     int8,
     num_heads,
     cos,
@@ -168,7 +178,9 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     x: (T, H) float32 residual stream, updated in place; eps: float32; attn_norm, mlp_norm:
     (H,) float32; bq, bk, bv, bo, bg, bu, bd: GGUF block rows (uint8) of q (nh*D, H), k, v
     (nkv*D, H), o (H, nh*D), gate, up (I, H), down (H, I), with their kinds (values of
-    :data:`~pagedattn.model.block_ir.KINDS`) as tuples for the fused launches; int8: None
+    :data:`~pagedattn.model.block_ir.KINDS`) as tuples for the fused launches; kind_set: the
+    :func:`~pagedattn.model.block_ir.kind_set` of the model's kinds (one compiled layer per
+    model's set of block types, holding only their variants); int8: None
     (every projection exact float32) or, with int8 activations, a flag per matrix in
     :data:`INT8_MATRICES` order (True: that matrix meets int8 inputs, as
     :func:`~pagedattn.model.quantized.qmatmul` chooses; False: exact); cos, sin:
@@ -188,7 +200,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     h = np.empty((rows, hidden), np.float32)
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
-    _project(h, int8, 0, bq, bk, bv, qkv_kinds, 3, qkv)
+    _project(h, int8, 0, bq, bk, bv, qkv_kinds, kind_set, 3, qkv)
     if qkv_bias.shape[0] > 0:
         for r in range(rows):
             qkv[r] += qkv_bias
@@ -213,7 +225,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     )
     o = np.empty((rows, hidden), np.float32)
     o_kinds = (o_kind, o_kind, o_kind)
-    _project(attn.reshape((rows, q_width)), int8, 3, bo, bo, bo, o_kinds, 1, o)
+    _project(attn.reshape((rows, q_width)), int8, 3, bo, bo, bo, o_kinds, kind_set, 1, o)
     if post_attn_norm.shape[0] > 0:
         on = np.empty((rows, hidden), np.float32)
         rms_norm_serial(o, post_attn_norm, eps, on)
@@ -224,14 +236,15 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     inter = bg.shape[0]
     gate_up = np.empty((rows, 2 * inter), np.float32)
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
-    _project(h, int8, 4, bg, bu, bu, kind3, 2, gate_up)
+    _project(h, int8, 4, bg, bu, bu, kind3, kind_set, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
     if gelu:
         gelu_mul_serial(gate_up, act)
     else:
         silu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
-    _project(act, int8, 6, bd, bd, bd, (down_kind, down_kind, down_kind), 1, down)
+    d_kinds = (down_kind, down_kind, down_kind)
+    _project(act, int8, 6, bd, bd, bd, d_kinds, kind_set, 1, down)
     if post_mlp_norm.shape[0] > 0:
         dn = np.empty((rows, hidden), np.float32)
         rms_norm_serial(down, post_mlp_norm, eps, dn)

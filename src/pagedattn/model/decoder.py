@@ -17,6 +17,7 @@ No global state: everything a call needs is the ForwardBatch and the KV pool it 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -120,7 +121,10 @@ class DecoderModel:
         check_activations(activations)
         self.arch = architecture_of(config)
         self.activations = activations
-        blocks = dict(quantized or {})
+        # every block matrix's kernels compiled for the kinds of all of them: one compiled
+        # kernel (and fused layer) per model, holding its own block types' variants only
+        model_kinds = frozenset(b.kind for b in (quantized or {}).values())
+        blocks = {n: replace(b, kernel_kinds=model_kinds) for n, b in (quantized or {}).items()}
         stored: dict[str, Matrix] = {
             n: blocks[n] if n in blocks else weights[n]
             for n in expected_weight_shapes(config)

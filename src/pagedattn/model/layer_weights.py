@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagedattn.model.architecture import Architecture
+from pagedattn.model.block_ir import kind_set
 from pagedattn.model.quantized import BlockQuantized, Matrix
 
 _NONE = np.zeros(0, np.float32)  # a family's absent optional tensor, to the fused layer
@@ -41,7 +42,8 @@ class LayerWeights:
 
     def fused_args(self) -> tuple[object, ...] | None:
         """The weights as :func:`~pagedattn.model.decode_layer.decode_layer` takes them after
-        ``x`` and ``eps`` (norms, block rows and kinds), or None when a projection is not
+        ``x`` and ``eps`` (norms, block rows, kinds, and the kind set of every kind the
+        matrices are compiled for: ``compiled_kinds``), or None when a projection is not
         block-quantized. The optional tensors are passed separately (:meth:`fused_extras`)."""
         q, k, v = self.qkv
         gate, up = self.gate_up
@@ -49,10 +51,11 @@ class LayerWeights:
         if not all(isinstance(m, BlockQuantized) for m in mats):
             return None
         bq, bk, bv, bo, bg, bu, bd = (m for m in mats if isinstance(m, BlockQuantized))
+        compiled_for = frozenset().union(*(m.compiled_kinds for m in (bq, bk, bv, bo, bg, bu, bd)))
         return (
             self.attn_norm, self.mlp_norm, bq.blocks, bk.blocks, bv.blocks,
             (bq.kind, bk.kind, bv.kind), bo.blocks, bo.kind, bg.blocks, bu.blocks,
-            (bg.kind, bu.kind), bd.blocks, bd.kind,
+            (bg.kind, bu.kind), bd.blocks, bd.kind, kind_set(compiled_for),
         )  # fmt: skip
 
     def int8_flags(self) -> tuple[bool, bool, bool, bool, bool, bool, bool]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from pagedattn.config import ACTIVATIONS
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
-from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES
+from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES, kind_set
 from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
@@ -50,12 +50,16 @@ class BlockQuantized:
         blocks: (out_features, blocks per row * bytes per block) uint8 rows exactly as in the
             file (a view of the memory-mapped GGUF where rows keep their order), read-only.
         type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
+        kernel_kinds: further block kinds the register-decode kernel reading this matrix is
+            compiled for (a model gives each of its matrices the kinds of all of them, so that
+            they share one compiled kernel); the matrix's own kind is always included.
 
     The kernels read each block's scales from these bytes: nothing else is held per matrix.
     """
 
     blocks: np.ndarray
     type_name: str
+    kernel_kinds: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         # Read-only, as a view of the memory-mapped file is: the read-only flag is part of a
@@ -76,6 +80,12 @@ class BlockQuantized:
         return KINDS[self.type_name]
 
     @property
+    def compiled_kinds(self) -> frozenset[int]:
+        """:attr:`kernel_kinds` and this matrix's kind: the kinds of the register-decode kernel
+        reading it (its :func:`~pagedattn.model.block_ir.kind_set`)."""
+        return self.kernel_kinds | {self.kind}
+
+    @property
     def int8_capable(self) -> bool:
         """Whether the int8-activation kernels read this format (Q4_0, Q4_1, Q8_0)."""
         return self.kind in INT8_KINDS
@@ -87,7 +97,9 @@ class BlockQuantized:
     def take_rows(self, rows: np.ndarray) -> BlockQuantized:
         """The matrix with its output rows reordered (e.g. to undo llama.cpp's q/k permutation);
         copies the selected rows' blocks."""
-        return BlockQuantized(np.ascontiguousarray(self.blocks[rows]), self.type_name)
+        return BlockQuantized(
+            np.ascontiguousarray(self.blocks[rows]), self.type_name, self.kernel_kinds
+        )
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
@@ -294,7 +306,8 @@ def _launch_blocks(
     kinds = (padded[0].kind, padded[1].kind, padded[2].kind)
     b0, b1, b2 = (w.blocks for w in padded)
     if int8 is None:
-        qmatmul_blocks(x, b0, b1, b2, kinds, len(blocks), out)
+        compiled_for = frozenset().union(*(w.compiled_kinds for w in blocks))
+        qmatmul_blocks(x, b0, b1, b2, kinds, kind_set(compiled_for), len(blocks), out)
     else:
         from pagedattn.model.block_dot_int8 import qmatmul_blocks_int8
 
