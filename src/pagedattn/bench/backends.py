@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.table import Table
 
-    from pagedattn.model.loader import LoadedModel
-
 BackendsOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -52,24 +50,6 @@ def parse_backends(values: Sequence[str] | None) -> list[BackendSpec]:
 def backend_args(spec: BackendSpec) -> dict[str, str]:
     """The worker arguments that select ``spec``."""
     return {"backend": spec.name, "device": spec.device}
-
-
-def worker_model(loaded: LoadedModel, args: dict[str, Any]) -> Any:
-    """The model a benchmark worker runs: ``args["backend"]`` / ``args["device"]`` (default
-    numpy) and ``args["activations"]`` (default float32), with torch's intra-op threads set to
-    ``args["threads"]``.
-
-    Raises:
-        BackendError: the library or device is missing, or cupy.
-    """
-    from pagedattn.model.build import build_model, resolve_model_backend
-
-    spec = resolve_model_backend(args.get("backend", "numpy"), args.get("device"))
-    if spec.name == "torch":
-        import torch
-
-        torch.set_num_threads(int(args.get("threads", 1)))
-    return build_model(loaded, spec, activations=args.get("activations", "float32"))
 
 
 def measure_backends(

@@ -67,7 +67,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
     import numba
 
-    from pagedattn.bench.backends import worker_model
+    from pagedattn.bench.worker import worker_model
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.model.loader import load_model

@@ -49,8 +49,7 @@ def measure_ours(args: dict[str, Any], progress: Progress) -> dict[str, Any]:
     import numba
     import numpy as np
 
-    from pagedattn.bench.backends import worker_model
-    from pagedattn.bench.worker import resident_mib
+    from pagedattn.bench.worker import resident_mib, worker_model
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
     from pagedattn.model.loader import load_model

@@ -26,7 +26,10 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pagedattn.model.loader import LoadedModel
 
 TASKS = {
     "generate-ours": "pagedattn.bench.generate:measure_ours",
@@ -69,6 +72,24 @@ def resident_mib(array: Any) -> float | None:
         return None
     present = int(np.count_nonzero(entries >> np.uint64(63)))
     return present * page / float(1 << 20)
+
+
+def worker_model(loaded: LoadedModel, args: dict[str, Any]) -> Any:
+    """The model a benchmark worker runs: ``args["backend"]`` / ``args["device"]`` (default
+    numpy) and ``args["activations"]`` (default float32), with torch's intra-op threads set to
+    ``args["threads"]``.
+
+    Raises:
+        BackendError: the library or device is missing, or cupy.
+    """
+    from pagedattn.model.build import build_model, resolve_model_backend
+
+    spec = resolve_model_backend(args.get("backend", "numpy"), args.get("device"))
+    if spec.name == "torch":
+        import torch
+
+        torch.set_num_threads(int(args.get("threads", 1)))
+    return build_model(loaded, spec, activations=args.get("activations", "float32"))
 
 
 def run_worker(

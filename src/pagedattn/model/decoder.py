@@ -24,6 +24,7 @@ import numpy as np
 
 from pagedattn.config import ModelConfig
 from pagedattn.kernels.kv_dtype import POOL_DTYPES, kernel_cache, logical_shape, pool_row_width
+from pagedattn.kernels.numba_runtime import install as install_numba_runtime
 from pagedattn.kernels.paged_checks import CacheShape
 from pagedattn.kernels.paged_plan import plan_slots
 from pagedattn.kernels.rope import rope_cos_sin
@@ -55,6 +56,11 @@ from pagedattn.model.weights import check_weights
 if TYPE_CHECKING:
     from pagedattn.kernels.paged_checks import SlotPlan
     from pagedattn.model.loader import LoadedModel
+
+# Before the first kernel loads: Numba's per-process memory (parsed IR kept beside each cached
+# kernel, its runtime compiled at every start, SciPy's BLAS probe), cut as
+# kernels/numba_runtime.py describes.
+install_numba_runtime()
 
 # Up to this many decode rows (sequences, or one sequence's verify rows), a step runs each layer
 # as one compiled call (decode_layer), its projections decoding each weight block in registers

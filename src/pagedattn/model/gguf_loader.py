@@ -30,6 +30,7 @@ from pagedattn.model.architecture import (
     role_shapes,
 )
 from pagedattn.model.gguf_header import GGUFFile, GGUFTensorInfo, read_gguf
+from pagedattn.model.mapped_pages import release_pages
 from pagedattn.model.quantized import SUPPORTED as QUANTIZED_TYPES
 from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks
 
@@ -246,7 +247,8 @@ def gguf_weights(
     """Every used tensor, renamed to HF and with q/k rows un-permuted, without dequantizing.
 
     Matrices of :data:`.quantized.SUPPORTED` types (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K) come back
-    in block form (views of the memory-mapped file; q/k rows reordered into a copy), whose
+    in block form (views of the memory-mapped file; q/k rows reordered into a copy, the file's
+    pages they were copied from released: :mod:`.mapped_pages`), whose
     ``dequantize()`` equals the float32 weight bit for bit (see :mod:`.quantized`); the float32
     mapping holds the other tensors and dequantizes a quantized one only when it is looked up.
     Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q2_K, IQ4_NL...).
@@ -294,6 +296,7 @@ def gguf_weights(
                 if num_heads is not None:
                     rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
                     block = block.take_rows(rows)
+                    release_pages(tensor.data)  # the copy is read, not the file's rows
                 elif len(parts) > 1:  # a fused tensor's rows: a view of the file
                     block = BlockQuantized(block.blocks[start:end], block.type_name)
                 quantized[name] = block

@@ -7,7 +7,6 @@ Nothing is fetched from a hub: ``path=None`` means the embedded default model
 from __future__ import annotations
 
 import json
-import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +30,12 @@ from pagedattn.model.hf_loader import (
     safetensors_files,
     to_table_layout,
 )
+from pagedattn.model.mapped_pages import file_array, release_pages
 from pagedattn.model.quantized import BlockQuantized
 from pagedattn.model.tokenizer import Tokenizer
 from pagedattn.model.weights import check_weights, expected_weight_shapes
+
+FINGERPRINT_CHUNK = 4 << 20  # bytes read at a time by file_fingerprint
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,18 @@ def file_fingerprint(paths: list[Path]) -> str:
     """Stable digest of files' bytes (xxh3-128 over each file's length and bytes, in order;
     names are left out so a renamed or copied file keeps its fingerprint).
 
-    xxh3 hashes at several GB/s, so a 100 MB GGUF costs tens of milliseconds.
+    xxh3 hashes at several GB/s, so a 100 MB GGUF costs tens of milliseconds. The files are
+    read in chunks into one buffer, not mapped: a mapping of the whole file would be resident
+    while it is hashed (a file's size on top of the process's peak memory).
     """
     h = xxhash.xxh3_128()
+    chunk = bytearray(FINGERPRINT_CHUNK)
+    view = memoryview(chunk)
     for path in paths:
         h.update(path.stat().st_size.to_bytes(8, "little"))
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            h.update(mm)
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(chunk):
+                h.update(view[:n])
     return f"xxh3_128:{h.hexdigest()}"
 
 
@@ -85,6 +92,9 @@ def _load_gguf(path: Path) -> LoadedModel:
     check_weights(config, {k: quantized.get(k) or weights[k] for k in weights}, str(path))
     quantized = {k: v for k, v in quantized.items() if k in expected}
     tokenizer = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(reader))
+    whole = file_array(reader.tensors[0].data) if reader.tensors else None
+    if whole is not None:  # the header now lives in Python objects and the tokenizer
+        release_pages(whole[: reader.data_start])
     return LoadedModel(config, weights, tokenizer, file_fingerprint([path]), path, quantized)
 
 
