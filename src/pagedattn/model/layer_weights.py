@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagedattn.model.architecture import Architecture
-from pagedattn.model.block_ir import kind_set
-from pagedattn.model.quantized import BlockQuantized, Matrix
+from pagedattn.model.quantized import BlockQuantized, Matrix, kind_set_of
 
 _NONE = np.zeros(0, np.float32)  # a family's absent optional tensor, to the fused layer
 
@@ -51,11 +50,10 @@ class LayerWeights:
         if not all(isinstance(m, BlockQuantized) for m in mats):
             return None
         bq, bk, bv, bo, bg, bu, bd = (m for m in mats if isinstance(m, BlockQuantized))
-        compiled_for = frozenset().union(*(m.compiled_kinds for m in (bq, bk, bv, bo, bg, bu, bd)))
         return (
             self.attn_norm, self.mlp_norm, bq.blocks, bk.blocks, bv.blocks,
             (bq.kind, bk.kind, bv.kind), bo.blocks, bo.kind, bg.blocks, bu.blocks,
-            (bg.kind, bu.kind), bd.blocks, bd.kind, kind_set(compiled_for),
+            (bg.kind, bu.kind), bd.blocks, bd.kind, kind_set_of((bq, bk, bv, bo, bg, bu, bd)),
         )  # fmt: skip
 
     def int8_flags(self) -> tuple[bool, bool, bool, bool, bool, bool, bool]:

@@ -20,6 +20,7 @@ any batch, on every host.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numba
@@ -100,6 +101,12 @@ class BlockQuantized:
         return BlockQuantized(
             np.ascontiguousarray(self.blocks[rows]), self.type_name, self.kernel_kinds
         )
+
+
+def kind_set_of(matrices: Iterable[BlockQuantized]) -> np.ndarray:
+    """The :func:`~pagedattn.model.block_ir.kind_set` a register-decode launch over
+    ``matrices`` is compiled for: every kind any of them is compiled for."""
+    return kind_set(frozenset().union(*(m.compiled_kinds for m in matrices)))
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
@@ -306,8 +313,7 @@ def _launch_blocks(
     kinds = (padded[0].kind, padded[1].kind, padded[2].kind)
     b0, b1, b2 = (w.blocks for w in padded)
     if int8 is None:
-        compiled_for = frozenset().union(*(w.compiled_kinds for w in blocks))
-        qmatmul_blocks(x, b0, b1, b2, kinds, kind_set(compiled_for), len(blocks), out)
+        qmatmul_blocks(x, b0, b1, b2, kinds, kind_set_of(blocks), len(blocks), out)
     else:
         from pagedattn.model.block_dot_int8 import qmatmul_blocks_int8
 
