@@ -58,6 +58,7 @@ def main() -> None:
         kv_cache_dtype=args.kv_cache_dtype,
         activations=args.activations,
         enable_prefix_caching=False,
+        speculative="none",  # one token per step, as llama_eval's
     )
     engine = llm.engine
     model = engine.runner.model
@@ -80,33 +81,37 @@ def main() -> None:
 
     flags = [layer.int8_flags() if int8 else (False,) * 7 for layer in model.layers]
 
-    def _project(x, flags, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyped-def]
+    def _project(x, flags, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
         """What decode_layer's fused step runs for one projection (its _project is Numba's):
         one launch when every part takes the same path, else one launch per part."""
         from pagedattn.model.block_dot_int8 import project_int8  # compiled for int8 only
 
         if all(flags[:num_parts]) or not any(flags[:num_parts]):
-            launch = project_int8 if flags[0] else qmatmul_blocks
-            launch(x, b0, b1, b2, kinds, num_parts, out)
+            if flags[0]:
+                project_int8(x, b0, b1, b2, kinds, num_parts, out)
+            else:
+                qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
             return
         col = 0
         parts = (b0, b1, b2)[:num_parts]
         for flag, blocks, kind in zip(flags, parts, kinds[:num_parts], strict=True):
             part = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-            launch = project_int8 if flag else qmatmul_blocks
-            launch(x, blocks, blocks, blocks, (kind, kind, kind), 1, part)
+            if flag:
+                project_int8(x, blocks, blocks, blocks, (kind, kind, kind), 1, part)
+            else:
+                qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), kind_set, 1, part)
             out[:, col : col + blocks.shape[0]] = part
             col += blocks.shape[0]
 
     def matmuls() -> None:
         for w, f in zip(layers, flags, strict=True):
             assert w is not None
-            _, _, bq, bk, bv, qkv_kinds, bo, o_kind, bg, bu, gu_kinds, bd, d_kind = w
-            _project(x, f[0:3], bq, bk, bv, qkv_kinds, 3, qkv)
-            _project(x, f[3:4], bo, bo, bo, (o_kind, o_kind, o_kind), 1, o_out)
+            _, _, bq, bk, bv, qkv_kinds, bo, o_kind, bg, bu, gu_kinds, bd, d_kind, ks = w
+            _project(x, f[0:3], bq, bk, bv, qkv_kinds, ks, 3, qkv)
+            _project(x, f[3:4], bo, bo, bo, (o_kind, o_kind, o_kind), ks, 1, o_out)
             gu_three = (gu_kinds[0], gu_kinds[1], gu_kinds[1])
-            _project(x, f[4:6], bg, bu, bu, gu_three, 2, gate_up)
-            _project(act, f[6:7], bd, bd, bd, (d_kind, d_kind, d_kind), 1, o_out)
+            _project(x, f[4:6], bg, bu, bu, gu_three, ks, 2, gate_up)
+            _project(act, f[6:7], bd, bd, bd, (d_kind, d_kind, d_kind), ks, 1, o_out)
         qmatmul(x, model.lm_head, activations=args.activations)
 
     c = model.config

@@ -25,7 +25,15 @@ def test_block_form_dequantizes_bit_exactly(qtype: Q) -> None:
     block = from_gguf_blocks(raw, qtype.name, (40, 96))
     np.testing.assert_array_equal(block.dequantize(), dequantize(raw, qtype).reshape(40, 96))
     assert block.blocks.dtype == np.uint8 and block.shape == (40, 96)
-    assert np.shares_memory(block.blocks, raw)  # the file's bytes, not a copy
+    # the kernels' layout: the float16 scale widened to float32, then the codes as in the file
+    file_blocks = raw.reshape(40, 3, -1)
+    kernel_blocks = block.blocks.reshape(40, 3, -1)
+    scales = np.ascontiguousarray(file_blocks[:, :, :2]).view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(
+        np.ascontiguousarray(kernel_blocks[:, :, :4]).view(np.float32), scales
+    )
+    header = 4 if qtype == Q.Q4_1 else 2  # Q4_1's float16 minimum follows its scale
+    np.testing.assert_array_equal(kernel_blocks[:, :, 2 * header :], file_blocks[:, :, header:])
 
 
 @given(

@@ -2,8 +2,10 @@
 
 The 32-input block formats are ggml's ``block_q4_0``, ``block_q4_1``, ``block_q8_0``,
 ``block_q5_0`` and ``block_q5_1`` (``ggml-common.h``): a float16 scale, Q4_1's / Q5_1's float16
-minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The 256-input K-quant
-super-blocks are :mod:`pagedattn.model.block_decoders`'. A kind is the runtime integer of
+minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The kernels read them with
+those header fields widened to float32 at load (:mod:`pagedattn.model.block_repack`; sizes in
+:data:`SHAPES`, the file's in :data:`FILE_SHAPES`). The 256-input K-quant super-blocks are
+:mod:`pagedattn.model.block_decoders`', read as in the file. A kind is the runtime integer of
 :data:`KINDS`; an intrinsic that serves several kinds emits one variant per kind behind one
 switch on it (:func:`by_kind`), outside its loop over blocks, for the kinds a kernel is
 compiled for: those a :func:`kind_set` argument names in its type, so a model's kernels hold
@@ -32,13 +34,22 @@ STEPS = BLOCK // LANES  # accumulator steps per block
 
 # GGUF type name -> kind (the runtime integer the kernels switch on)
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4, "Q4_K": 5, "Q5_K": 6, "Q6_K": 7}
-# kind -> (inputs per block, bytes per block), as ggml.h's type traits
-SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
-SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
+# kind -> (inputs per block, bytes per block) in the file, as ggml.h's type traits
+FILE_SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
+FILE_SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
+# kind -> float16 header fields (scale, minimum) that the kernels' layout holds as float32
+WIDENED_FIELDS = {0: 1, 1: 2, 2: 1, 3: 1, 4: 2}
+# kind -> (inputs per block, bytes per block) as the kernels read them: the 32-input formats
+# with their float16 header fields widened to float32 at load (repack_blocks), the K-quants as
+# in the file (their scales are decoded once per 256 inputs)
+SHAPES = {
+    kind: (inputs, size + 2 * WIDENED_FIELDS.get(kind, 0))
+    for kind, (inputs, size) in FILE_SHAPES.items()
+}
 NAMES = {kind: name for name, kind in KINDS.items()}
 INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read
 # kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS
-LAYOUT = {0: (18, 2, True), 1: (20, 4, True), 2: (34, 2, False)}
+LAYOUT = {0: (20, 4, True), 1: (24, 8, True), 2: (36, 4, False)}
 
 VF = ir.VectorType(F32, LANES)
 
@@ -83,13 +94,19 @@ def half_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
     return widen_half_bits(builder, builder.load(builder.bitcast(ptr, _I16.as_pointer()), align=1))
 
 
+def float_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
+    """The float32 at byte ``offset`` of ``block`` (i8*): a widened header field."""
+    ptr = builder.gep(block, [ir.Constant(_I64, offset)])
+    return builder.load(builder.bitcast(ptr, F32.as_pointer()), align=1)
+
+
 def scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """A block's float32 scale and offset, read from its own bytes (``block``: i8* at its first
-    byte): the float16 scale, then Q4_1's float16 minimum, Q4_0's ``-8 * scale`` (its codes are
-    stored + 8; exact) or Q8_0's 0."""
-    d = half_at(builder, block, 0)
+    """A 32-input block's float32 scale and offset, read from its own bytes (``block``: i8* at
+    its first byte, the kernels' layout): the scale, then Q4_1's minimum, Q4_0's ``-8 * scale``
+    (its codes are stored + 8; exact) or Q8_0's 0."""
+    d = float_at(builder, block, 0)
     if kind == 1:
-        return d, half_at(builder, block, 2)
+        return d, float_at(builder, block, 4)
     if kind == 0:
         return d, builder.fmul(d, F32(-8.0))
     return d, F32(0.0)
@@ -135,7 +152,7 @@ def _decoded_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Va
     low (j < 16) or high nibble of byte ``j % 16`` of the codes, plus bit j of the
     little-endian uint32 ``qh`` as its fifth bit (ggml ``dequantize_row_q5_0`` / ``_q5_1``;
     ``d * code`` is exact, so both match ``gguf``'s float32 operations)."""
-    header = 2 if kind == 3 else 4
+    header = 4 * WIDENED_FIELDS[kind]
     i32x16 = ir.VectorType(I32, LANES)
     qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
     qh = builder.load(qh_ptr, align=1)
@@ -151,7 +168,7 @@ def _decoded_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Va
         builder.and_(wide, ir.Constant(i32x16, [15] * LANES)),
         builder.lshr(wide, ir.Constant(i32x16, [4] * LANES)),
     )
-    d_scalar = half_at(builder, block, 0)
+    d_scalar = float_at(builder, block, 0)
     d = splat(builder, d_scalar, LANES)
     out = []
     for step, low in enumerate(nibbles):
@@ -165,7 +182,7 @@ def _decoded_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Va
             centred = builder.sub(code, ir.Constant(i32x16, [16] * LANES))
             out.append(builder.fmul(d, builder.sitofp(centred, VF)))
         else:
-            m = splat(builder, half_at(builder, block, 2), LANES)
+            m = splat(builder, float_at(builder, block, 4), LANES)
             out.append(fma(builder, d, builder.sitofp(code, VF), m))
     return out
 

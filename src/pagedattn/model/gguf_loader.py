@@ -247,8 +247,9 @@ def gguf_weights(
     """Every used tensor, renamed to HF and with q/k rows un-permuted, without dequantizing.
 
     Matrices of :data:`.quantized.SUPPORTED` types (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K) come back
-    in block form (views of the memory-mapped file; q/k rows reordered into a copy, the file's
-    pages they were copied from released: :mod:`.mapped_pages`), whose
+    in block form (K-quants: views of the memory-mapped file; the 32-input formats, and q/k
+    rows reordered, a copy, the file's pages it was made from released: :mod:`.mapped_pages`),
+    whose
     ``dequantize()`` equals the float32 weight bit for bit (see :mod:`.quantized`); the float32
     mapping holds the other tensors and dequantizes a quantized one only when it is looked up.
     Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q2_K, IQ4_NL...).
@@ -290,20 +291,26 @@ def gguf_weights(
             raise ValueError(
                 f"tensor {tensor.name!r} has shape {shape}; its parts need {parts[-1][2]} rows"
             )
+        whole = None
+        if kind in QUANTIZED_TYPES and len(shape) == 2:
+            whole = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
         for name, start, end, num_heads in parts:
-            if kind in QUANTIZED_TYPES and len(shape) == 2:
-                block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
+            if whole is not None:
+                block = whole
                 if num_heads is not None:
                     rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
                     block = block.take_rows(rows)
-                    release_pages(tensor.data)  # the copy is read, not the file's rows
-                elif len(parts) > 1:  # a fused tensor's rows: a view of the file
+                elif len(parts) > 1:  # a fused tensor's rows: a view of the whole
                     block = BlockQuantized(block.blocks[start:end], block.type_name)
                 quantized[name] = block
                 lazy[name] = partial(to_float, tensor, (start, end), num_heads)
             else:
                 span = (start, end) if len(parts) > 1 else (0, shape[0])
                 arrays[name] = to_float(tensor, span, num_heads)
+        if whole is not None and not all(
+            np.shares_memory(quantized[name].blocks, tensor.data) for name, *_ in parts
+        ):
+            release_pages(tensor.data)  # what the kernels read is a copy, not the file's rows
     return LazyWeights(arrays, lazy), quantized
 
 

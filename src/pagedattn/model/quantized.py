@@ -4,8 +4,10 @@ A GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix is, per block of 32 inputs,
 ``w = scale * code + offset`` with float16 ``scale``/``offset`` and small integer codes (ggml
 ``ggml-common.h`` ``block_q4_0`` ...); a Q4_K / Q5_K / Q6_K matrix is made of 256-input
 super-blocks whose sub-blocks of 32 (16 for Q6_K) have 6- or 8-bit scales under a float16 one.
-:class:`BlockQuantized` keeps the raw blocks (a view of the memory-mapped file where possible:
-0.56-1.06 bytes per weight, never a float32 copy) and :func:`qmatmul` multiplies by them without
+:class:`BlockQuantized` keeps the blocks (K-quants: a view of the memory-mapped file; the
+32-input formats: a copy with their float16 scales widened to float32,
+:mod:`pagedattn.model.block_repack`; 0.59-1.13 bytes per weight, never a float32 matrix) and
+:func:`qmatmul` multiplies by them without
 expanding the matrix: the kernels of :mod:`pagedattn.model.block_dot` decode each block in
 registers (:mod:`pagedattn.model.block_decoders`, bit-identical to ``gguf.quants.dequantize``)
 and accumulate in one fixed SIMD lane order.
@@ -28,7 +30,8 @@ import numpy as np
 
 from pagedattn.config import ACTIVATIONS
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
-from pagedattn.model.block_ir import INT8_KINDS, KINDS, LANES, SHAPES, kind_set
+from pagedattn.model.block_ir import FILE_SHAPES, INT8_KINDS, KINDS, LANES, SHAPES, kind_set
+from pagedattn.model.block_repack import repack_blocks
 from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
@@ -48,8 +51,11 @@ class BlockQuantized:
     """A (out_features, in_features) matrix as GGUF blocks: row ``n`` is ``blocks[n]``.
 
     Attributes:
-        blocks: (out_features, blocks per row * bytes per block) uint8 rows exactly as in the
-            file (a view of the memory-mapped GGUF where rows keep their order), read-only.
+        blocks: (out_features, blocks per row * bytes per block) uint8 rows in the kernels'
+            layout (:data:`~pagedattn.model.block_ir.SHAPES`: the file's bytes for the K-quants,
+            a view of the memory-mapped GGUF where rows keep their order; the 32-input formats
+            with float32 header fields, :func:`~pagedattn.model.block_repack.repack_blocks`),
+            read-only.
         type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
         kernel_kinds: further block kinds the register-decode kernel reading this matrix is
             compiled for (a model gives each of its matrices the kinds of all of them, so that
@@ -110,7 +116,9 @@ def kind_set_of(matrices: Iterable[BlockQuantized]) -> np.ndarray:
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
-    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`, without copying or reading them.
+    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`: a view of them for the
+    K-quants (nothing copied or read), the kernels' layout of them for the 32-input formats
+    (:func:`~pagedattn.model.block_repack.repack_blocks`).
 
     Args:
         raw: uint8 tensor data, (out_features, bytes_per_row) or flat (e.g. the reader's memmap).
@@ -124,13 +132,13 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     if type_name not in SUPPORTED:
         raise ValueError(f"block type {type_name!r} not supported; expected one of {SUPPORTED}")
     n, k = shape
-    elements, size = BLOCK_SHAPES[type_name]
+    elements, size = FILE_SHAPES[KINDS[type_name]]
     if k % elements or raw.size != n * (k // elements) * size:
         raise ValueError(f"{type_name} data of {raw.size} bytes does not match shape {shape}")
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // elements * size)
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
-    return BlockQuantized(blocks, type_name)
+    return BlockQuantized(repack_blocks(blocks, KINDS[type_name]), type_name)
 
 
 @numba.njit(error_model="numpy", cache=True, nogil=True)
