@@ -291,23 +291,24 @@ def gguf_weights(
             raise ValueError(
                 f"tensor {tensor.name!r} has shape {shape}; its parts need {parts[-1][2]} rows"
             )
-        whole = None
-        if kind in QUANTIZED_TYPES and len(shape) == 2:
-            whole = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
+        blocks = kind in QUANTIZED_TYPES and len(shape) == 2
+        whole: BlockQuantized | None = None  # the tensor's blocks in the file's row order
         for name, start, end, num_heads in parts:
-            if whole is not None:
-                block = whole
-                if num_heads is not None:
+            if blocks:
+                if num_heads is not None:  # q/k: rows reordered as they are copied
                     rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
-                    block = block.take_rows(rows)
-                elif len(parts) > 1:  # a fused tensor's rows: a view of the whole
-                    block = BlockQuantized(block.blocks[start:end], block.type_name)
+                    block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]), rows)
+                else:
+                    whole = whole or from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
+                    block = whole
+                    if len(parts) > 1:  # a fused tensor's rows: a view of the whole
+                        block = BlockQuantized(whole.blocks[start:end], whole.type_name)
                 quantized[name] = block
                 lazy[name] = partial(to_float, tensor, (start, end), num_heads)
             else:
                 span = (start, end) if len(parts) > 1 else (0, shape[0])
                 arrays[name] = to_float(tensor, span, num_heads)
-        if whole is not None and not all(
+        if blocks and not all(
             np.shares_memory(quantized[name].blocks, tensor.data) for name, *_ in parts
         ):
             release_pages(tensor.data)  # what the kernels read is a copy, not the file's rows

@@ -88,13 +88,15 @@ def _load_gguf(path: Path) -> LoadedModel:
     reader = open_gguf(path)
     config = gguf_config(reader, path)
     expected = expected_weight_shapes(config)
-    weights, quantized = gguf_weights(reader, config)  # nothing dequantized yet
-    check_weights(config, {k: quantized.get(k) or weights[k] for k in weights}, str(path))
-    quantized = {k: v for k, v in quantized.items() if k in expected}
+    # the tokenizer first: its build's transient memory then adds to the header alone, not to
+    # the weights' repacked copies (the peak resident set)
     tokenizer = Tokenizer.from_gguf_metadata(gguf_tokenizer_metadata(reader))
     whole = file_array(reader.tensors[0].data) if reader.tensors else None
     if whole is not None:  # the header now lives in Python objects and the tokenizer
         release_pages(whole[: reader.data_start])
+    weights, quantized = gguf_weights(reader, config)  # nothing dequantized yet
+    check_weights(config, {k: quantized.get(k) or weights[k] for k in weights}, str(path))
+    quantized = {k: v for k, v in quantized.items() if k in expected}
     return LoadedModel(config, weights, tokenizer, file_fingerprint([path]), path, quantized)
 
 

@@ -70,7 +70,7 @@ class BlockQuantized:
 
     def __post_init__(self) -> None:
         # Read-only, as a view of the memory-mapped file is: the read-only flag is part of a
-        # kernel's signature, so rows copied at load (take_rows) would compile every block
+        # kernel's signature, so blocks copied at load (repack_blocks) would compile every block
         # kernel a second time.
         if self.blocks.flags.writeable:
             view = self.blocks.view()
@@ -101,13 +101,6 @@ class BlockQuantized:
         """(out_features, in_features) float32, bit-identical to ``gguf.quants.dequantize``."""
         return dequantize_rows(self, np.arange(self.shape[0]))
 
-    def take_rows(self, rows: np.ndarray) -> BlockQuantized:
-        """The matrix with its output rows reordered (e.g. to undo llama.cpp's q/k permutation);
-        copies the selected rows' blocks."""
-        return BlockQuantized(
-            np.ascontiguousarray(self.blocks[rows]), self.type_name, self.kernel_kinds
-        )
-
 
 def kind_set_of(matrices: Iterable[BlockQuantized]) -> np.ndarray:
     """The :func:`~pagedattn.model.block_ir.kind_set` a register-decode launch over
@@ -115,7 +108,9 @@ def kind_set_of(matrices: Iterable[BlockQuantized]) -> np.ndarray:
     return kind_set(frozenset().union(*(m.compiled_kinds for m in matrices)))
 
 
-def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> BlockQuantized:
+def from_gguf_blocks(
+    raw: np.ndarray, type_name: str, shape: tuple[int, int], rows: np.ndarray | None = None
+) -> BlockQuantized:
     """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`: a view of them for the
     K-quants (nothing copied or read), the kernels' layout of them for the 32-input formats
     (:func:`~pagedattn.model.block_repack.repack_blocks`).
@@ -125,6 +120,8 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         type_name: one of :data:`SUPPORTED`.
         shape: (out_features, in_features); in_features a multiple of the type's block (32,
             or 256 for the K-quants).
+        rows: the matrix's rows as indices into the file's (llama.cpp's q/k permutation
+            undone), in one copy; None: the file's order.
 
     Raises:
         ValueError: another type, or a byte count that does not match ``shape``.
@@ -138,7 +135,7 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // elements * size)
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
-    return BlockQuantized(repack_blocks(blocks, KINDS[type_name]), type_name)
+    return BlockQuantized(repack_blocks(blocks, KINDS[type_name], rows), type_name)
 
 
 @numba.njit(error_model="numpy", cache=True, nogil=True)
