@@ -1,7 +1,7 @@
 """A loaded GGUF keeps resident only the file pages the forward reads (model/mapped_pages.py):
-the header, parsed into Python objects, and the block matrices the loader copies (into the
-kernels' layout, q/k rows in Hugging Face order) are handed back. Residency is read from
-/proc/self/pagemap."""
+the header, parsed into Python objects, and every tensor the loader copies (the block matrices
+into the kernels' layout, q/k rows in Hugging Face order, the float tensors) are handed back.
+Residency is read from /proc/self/pagemap and /proc/self/smaps."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from pagedattn.bench.worker import resident_mib
-from pagedattn.model.gguf_header import read_gguf
-from pagedattn.model.loader import load_model
+from pagedattn.engine.llm import LLM
 from pagedattn.model.mapped_pages import file_array, release_pages
+from pagedattn.model.registry import embedded_model_path
+from pagedattn.sampling_params import SamplingParams
 
 PAGE = mmap.PAGESIZE
 pytestmark = pytest.mark.skipif(
@@ -53,22 +54,35 @@ def test_released_pages_leave_the_process_and_the_data_reads_back(tmp_path: Path
     assert release_pages(whole[PAGE + 1 : 2 * PAGE + 1]) == 0  # no whole page inside
 
 
+def _file_resident_bytes(path: Path) -> int:
+    """Bytes of ``path``'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    return total
+
+
 @pytest.mark.model
 def test_a_loaded_gguf_holds_none_of_the_file_pages_it_parsed_or_copied() -> None:
-    loaded = load_model(None)  # the embedded SmolLM2 (Q4_1, Q8_0), a mapping of its own
-    header = read_gguf(loaded.source)  # offsets of the tensors in the file
-    norm = loaded.weights["model.layers.0.input_layernorm.weight"]  # F32: a view of the file
-    whole = file_array(norm)
-    assert whole is not None and whole.size == loaded.source.stat().st_size
-    # every block matrix is a copy in the kernels' layout (float32 scales), and the q/k rows
-    # are reordered: the file's pages of all of them are handed back
-    copied = [t for t in header.tensors if t.type_name in ("Q4_1", "Q8_0")]
-    assert len(copied) == 7 * loaded.config.num_layers + 1
-    for tensor in copied:
-        assert _resident_bytes(_interior(whole, tensor.data_offset, tensor.n_bytes)) == 0
-    assert _resident_bytes(_interior(whole, 0, header.data_start)) == 0
-    # what the checks would see without the release: what is read from the file is resident
-    assert float(np.abs(norm).sum()) > 0
-    span = _interior(whole, header.data_start, whole.size - header.data_start)
-    assert int(span.sum(dtype=np.int64)) > 0  # reads every page again
-    assert _resident_bytes(span) == span.size
+    # the embedded SmolLM2 (Q4_1, Q8_0, F32 norms): every tensor becomes the process's own
+    # copy (the block matrices in the kernels' layout, q/k rows reordered), so no page of the
+    # file stays mapped, nor comes back when the forward reads them
+    path = embedded_model_path()
+    llm = LLM(path, speculative="none")
+    assert llm.engine.runner.model is not None
+    assert _file_resident_bytes(path) == 0
+    outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4))
+    assert outputs[0].outputs[0].token_ids
+    assert _file_resident_bytes(path) == 0
+    # what the check sees of a mapping that is read: every page read is resident
+    with path.open("rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    read = np.frombuffer(mapping, np.uint8)[: 64 * PAGE]
+    assert int(read.sum(dtype=np.int64)) > 0
+    assert _file_resident_bytes(path) >= 64 * PAGE
+    del read
+    mapping.close()

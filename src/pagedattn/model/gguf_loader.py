@@ -30,7 +30,7 @@ from pagedattn.model.architecture import (
     role_shapes,
 )
 from pagedattn.model.gguf_header import GGUFFile, GGUFTensorInfo, read_gguf
-from pagedattn.model.mapped_pages import release_pages
+from pagedattn.model.mapped_pages import file_array, release_pages
 from pagedattn.model.quantized import SUPPORTED as QUANTIZED_TYPES
 from pagedattn.model.quantized import BlockQuantized, from_gguf_blocks
 
@@ -275,6 +275,7 @@ def gguf_weights(
     arrays: dict[str, np.ndarray] = {}
     lazy: dict[str, Callable[[], np.ndarray]] = {}
     quantized: dict[str, BlockQuantized] = {}
+    viewed: list[GGUFTensorInfo] = []  # tensors whose file pages the forward reads
     names = tensor_map(config)
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:
@@ -305,14 +306,35 @@ def gguf_weights(
                         block = BlockQuantized(whole.blocks[start:end], whole.type_name)
                 quantized[name] = block
                 lazy[name] = partial(to_float, tensor, (start, end), num_heads)
-            else:
+            else:  # the process's own copy (the file's pages are handed back below),
+                # read-only as the file's view was (the flag is part of a kernel's signature)
                 span = (start, end) if len(parts) > 1 else (0, shape[0])
-                arrays[name] = to_float(tensor, span, num_heads)
-        if blocks and not all(
+                arrays[name] = np.array(to_float(tensor, span, num_heads), copy=True)
+                arrays[name].flags.writeable = False
+        copied = not blocks or not all(
             np.shares_memory(quantized[name].blocks, tensor.data) for name, *_ in parts
-        ):
-            release_pages(tensor.data)  # what the kernels read is a copy, not the file's rows
+        )
+        if copied:
+            release_pages(tensor.data)  # what the forward reads is a copy
+        else:
+            viewed.append(tensor)
+    _release_all_but(reader, viewed)
     return LazyWeights(arrays, lazy), quantized
+
+
+def _release_all_but(reader: GGUFFile, viewed: list[GGUFTensorInfo]) -> None:
+    """Hand back every page of the file's tensor data but those of the ``viewed`` tensors:
+    the pages two copied tensors share too, which each tensor's own release keeps. A page left
+    mapped beside data the forward reads would otherwise map back, on that read, every page of
+    its page-cache folio: megabytes of matrices the forward never reads from the file."""
+    whole = file_array(reader.tensors[0].data) if reader.tensors else None
+    if whole is None:
+        return
+    start = reader.data_start
+    for tensor in sorted(viewed, key=lambda t: t.data_offset):
+        release_pages(whole[start : tensor.data_offset])
+        start = max(start, tensor.data_offset + tensor.n_bytes)
+    release_pages(whole[start:])
 
 
 def gguf_tokenizer_metadata(reader: GGUFFile) -> dict[str, Any]:
