@@ -74,15 +74,17 @@ def test_a_loaded_gguf_holds_none_of_the_file_pages_it_parsed_or_copied() -> Non
     path = embedded_model_path()
     llm = LLM(path, speculative="none")
     assert llm.engine.runner.model is not None
-    assert _file_resident_bytes(path) == 0
+    # at most the page the header shares with the data and the file's last, partial page
+    after_load = _file_resident_bytes(path)
+    assert after_load <= 2 * PAGE
     outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4))
     assert outputs[0].outputs[0].token_ids
-    assert _file_resident_bytes(path) == 0
+    assert _file_resident_bytes(path) == after_load
     # what the check sees of a mapping that is read: every page read is resident
     with path.open("rb") as f:
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     read = np.frombuffer(mapping, np.uint8)[: 64 * PAGE]
     assert int(read.sum(dtype=np.int64)) > 0
-    assert _file_resident_bytes(path) >= 64 * PAGE
+    assert _file_resident_bytes(path) >= after_load + 64 * PAGE
     del read
     mapping.close()
