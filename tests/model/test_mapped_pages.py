@@ -29,12 +29,6 @@ def _resident_bytes(view: np.ndarray) -> int:
     return round(mib * (1 << 20))
 
 
-def _interior(whole: np.ndarray, start: int, size: int) -> np.ndarray:
-    """The whole pages of ``whole[start : start + size]``."""
-    first = -(-start // PAGE) * PAGE
-    return whole[first : (start + size) // PAGE * PAGE]
-
-
 def test_released_pages_leave_the_process_and_the_data_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "weights.bin"
     data = np.arange(16 * PAGE, dtype=np.uint32).astype(np.uint8)

@@ -11,7 +11,8 @@ switch on it (:func:`by_kind`), outside its loop over blocks, for the kinds a ke
 compiled for: those a :func:`kind_set` argument names in its type, so a model's kernels hold
 the variants of its own block types only (a kernel of every kind took four times as long to
 compile as one of one kind). Nothing here names a host-specific instruction: the float16
-fields widen through :func:`pagedattn.kernels.half_ir.widen_half_bits`.
+fields the kernels still read (the K-quants') widen through
+:func:`pagedattn.kernels.half_ir.widen_half_bits`.
 """
 
 from __future__ import annotations

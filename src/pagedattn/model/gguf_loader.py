@@ -309,8 +309,11 @@ def gguf_weights(
             else:  # the process's own copy (the file's pages are handed back below),
                 # read-only as the file's view was (the flag is part of a kernel's signature)
                 span = (start, end) if len(parts) > 1 else (0, shape[0])
-                arrays[name] = np.array(to_float(tensor, span, num_heads), copy=True)
-                arrays[name].flags.writeable = False
+                value = to_float(tensor, span, num_heads)  # a view of the file for F32
+                if np.may_share_memory(value, tensor.data):
+                    value = value.copy()
+                value.flags.writeable = False
+                arrays[name] = value
         copied = not blocks or not all(
             np.shares_memory(quantized[name].blocks, tensor.data) for name, *_ in parts
         )

@@ -3,8 +3,9 @@ read again.
 
 A GGUF's tensors are views of one read-only mapping of the file (:mod:`.gguf_header`); a page
 read through it stays in the process's resident set until the file is unmapped, even when
-what was read now lives elsewhere: the parsed header (vocabulary, merges) and the q/k matrices
-whose rows the loader reorders into a copy (:func:`.gguf_loader.gguf_weights`). ``madvise
+what was read now lives elsewhere: the parsed header (vocabulary, merges) and every tensor the
+loader copies (:func:`.gguf_loader.gguf_weights`: the repacked 32-input block formats, q/k
+rows reordered, the float tensors). ``madvise
 (MADV_DONTNEED)`` on a read-only file mapping drops those pages from the process and nothing
 else: the data stay in the file (and the page cache), and a later read maps them again.
 """
