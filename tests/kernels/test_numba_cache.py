@@ -146,3 +146,43 @@ def test_every_cached_kernel_of_the_package_is_stamped() -> None:
                 assert type(locator).__name__.startswith("Stamped"), (name, obj.__name__)
                 found += 1
     assert found >= 40
+
+
+def test_the_import_scan_finds_every_import_statement_of_the_package() -> None:
+    """The stamp's line scan finds the statements a full parse of each file finds (Python's
+    own ``ast.walk``), in every module of the package, lazy and parenthesised ones included."""
+    import ast
+
+    for path in sorted(numba_cache.PACKAGE_ROOT.rglob("*.py")):
+        source = path.read_bytes()
+        oracle = [
+            ast.dump(n)
+            for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Import | ast.ImportFrom)
+        ]
+        scanned = [ast.dump(n) for n in numba_cache._import_statements(source)]
+        assert sorted(scanned) == sorted(oracle), path
+
+
+def test_the_import_scan_reads_continued_statements_and_skips_prose() -> None:
+    source = (
+        b'"""Docs.\n\nfrom the start of a line, import this prose\n"""\n'
+        b"import os, sys\n"
+        b"if True:\n"
+        b"    from a.b import (\n"
+        b"  c,\n"
+        b"        d,\n"
+        b"    )\n"
+        b"    from . import e \\\n"
+        b"        as f\n"
+    )
+    found = [ast_names(n) for n in numba_cache._import_statements(source)]
+    assert found == [["os", "sys"], ["a.b", "c", "d"], [".", "e"]]
+
+
+def ast_names(node: object) -> list[str]:
+    import ast
+
+    assert isinstance(node, ast.Import | ast.ImportFrom)
+    module = [] if isinstance(node, ast.Import) else ["." * node.level + (node.module or "")]
+    return module + [a.name for a in node.names]
