@@ -18,8 +18,9 @@ are decoded once per super-block, all sub-blocks' at once in vector registers:
   trailing float16 ``d``: ``w = (d * scale) * q``, both products exact.
 
 With AVX-512 (:func:`~pagedattn.kernels.target.has_wide_registers`), the only host-specific
-code here: a Q4_K sub-block's 16 possible weights are computed once, by the same ``fma``, and
-each input's weight is looked up by its code (``vpermps``), and the per-sub-block scales are
+code here: a Q4_K sub-block's (or a Q4_0 / Q4_1 block's) 16 possible weights are computed
+once, by the same ``fma``, and each input's weight is looked up by its code (``vpermps``), and
+the per-sub-block scales are
 splatted from a stack slot (broadcast loads) rather than shuffled out of registers. The values
 are the same on every path; only the instruction count differs.
 """
@@ -33,7 +34,15 @@ from numba.core import cgutils
 
 from pagedattn.kernels.simd_ir import F32, I8, I32, fma, mask, splat
 from pagedattn.kernels.target import has_wide_registers
-from pagedattn.model.block_ir import LANES, SHAPES, VF, decoded_block, half_at
+from pagedattn.model.block_ir import (
+    LANES,
+    LAYOUT,
+    SHAPES,
+    VF,
+    decoded_block,
+    half_at,
+    scale_offset,
+)
 
 GROUP = 32  # inputs per group
 _I64 = ir.IntType(64)
@@ -73,6 +82,8 @@ class _Simple:
         self._builder, self._kind, self._block = builder, kind, block
 
     def group(self, g: int) -> list[ir.Value]:
+        if self._kind in (0, 1) and has_wide_registers():
+            return _looked_up_nibbles(self._builder, self._kind, self._block)
         return decoded_block(self._builder, self._kind, self._block)
 
 
@@ -105,6 +116,21 @@ def _looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Va
 
 
 _CODES16 = ir.Constant(VF, [float(q) for q in range(LANES)])
+
+
+def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+    """A Q4_0 / Q4_1 block's 32 weights with AVX-512: its 16 possible weights computed once,
+    by the fma :func:`~pagedattn.model.block_ir.decoded_block` applies to each input, then
+    each input's looked up by its code. Byte j of the codes holds input j (low nibble) and
+    input 16 + j (high); ``vpermps`` reads an index's low 4 bits only, so the low nibbles
+    need no mask."""
+    d, m = scale_offset(builder, kind, block)
+    table = fma(builder, splat(builder, d, LANES), _CODES16, splat(builder, m, LANES))
+    ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
+    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+    codes = builder.zext(raw, _V16I32)
+    high = builder.lshr(codes, _ints([4] * LANES))
+    return [_looked_up(builder, table, codes), _looked_up(builder, table, high)]
 
 
 class _Lanes:
