@@ -22,6 +22,9 @@ from tests import hf_gguf
 # kernel; `make warm` compiles with the same setting. test_block_dot checks the default, a
 # kernel per model's kinds, in a subprocess without it.
 os.environ.setdefault("PAGEDATTN_ALL_BLOCK_KINDS", "1")
+# The suite's workers (pytest -n) share the cores, each with a thread per core: the shortest
+# spin that keeps a decode step's regions warm alone costs them most (pagedattn.kernels.gomp).
+os.environ.setdefault("PAGEDATTN_GOMP_SPINCOUNT", "1000")
 
 hf_gguf.install()  # transformers parses a GGUF once per file, not once per from_pretrained
 

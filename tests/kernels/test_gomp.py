@@ -33,7 +33,7 @@ def test_import_leaves_the_environment_as_the_user_set_it(
 
 @pytest.mark.parametrize(
     ("env", "seen"),
-    [({}, "1000"), ({"PAGEDATTN_GOMP_SPINCOUNT": "50"}, "50"), ({"GOMP_SPINCOUNT": "7"}, "7")],
+    [({}, "2000"), ({"PAGEDATTN_GOMP_SPINCOUNT": "50"}, "50"), ({"GOMP_SPINCOUNT": "7"}, "7")],
 )
 def test_libgomp_loads_with_a_short_spin_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], seen: str
@@ -51,6 +51,6 @@ def test_libgomp_loads_with_a_short_spin_unless_told_otherwise(
         parallel, "_launch_threads", lambda: launched.append(os.environ.get("GOMP_SPINCOUNT"))
     )
     gomp.start_numba_threads()
-    # what libgomp reads while it loads: 1000 by default, a long spin stalls on busy machines
+    # what libgomp reads while it loads: 2000 by default, a long spin stalls on busy machines
     assert launched == [seen]
     assert os.environ.get("GOMP_SPINCOUNT") == env.get("GOMP_SPINCOUNT")
