@@ -54,3 +54,47 @@ def test_libgomp_loads_with_a_short_spin_unless_told_otherwise(
     # what libgomp reads while it loads: 2000 by default, a long spin stalls on busy machines
     assert launched == [seen]
     assert os.environ.get("GOMP_SPINCOUNT") == env.get("GOMP_SPINCOUNT")
+
+
+RELEASE_PROBE = """
+import json, os, threading, time
+import numba, numpy as np
+import pagedattn.kernels
+from pagedattn.kernels.gomp import release_thread_workers
+
+@numba.njit(parallel=True)
+def bump(a):
+    for i in numba.prange(a.shape[0]):
+        a[i] += 1.0
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+a = np.zeros(1 << 16)
+bump(a)  # compiles, and starts this thread's team
+with_team = tasks()
+released = release_thread_workers()
+deadline = time.monotonic() + 5
+while tasks() >= with_team and time.monotonic() < deadline:
+    time.sleep(0.01)
+after = tasks()
+other = threading.Thread(target=bump, args=(a,))  # another thread still runs kernels
+other.start(); other.join()
+print(json.dumps([with_team, released, after, float(a[0])]))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_release_lets_the_calling_threads_openmp_workers_exit() -> None:
+    """A thread that ran a parallel kernel holds a worker thread per extra Numba thread (one,
+    with 2); after release_thread_workers() it has exited (counted in /proc), and kernels
+    still run, on another thread too."""
+    env = {k: v for k, v in os.environ.items() if "GOMP" not in k} | {"NUMBA_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    with_team, released, after, value = json.loads(out.stdout)
+    if not released:  # another threading layer than libgomp (TBB, workqueue)
+        pytest.skip("libgomp is not Numba's threading layer here")
+    assert after == with_team - 1
+    assert value == 2.0

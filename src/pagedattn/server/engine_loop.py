@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pagedattn.engine.outputs import RequestOutput
+from pagedattn.kernels.gomp import release_thread_workers
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server.metrics import ServerMetrics
 
@@ -112,6 +113,9 @@ class AsyncEngine:
             restart = after_stop and old is not None and not old.is_alive() and self.death is None
             if (old is None and not self._closed) or restart:
                 self._closed = False
+                # this thread (which loaded and warmed up the engine) hands its kernels to the
+                # engine thread: its OpenMP team would shorten the engine thread's spins
+                release_thread_workers()
                 self._thread = threading.Thread(
                     target=self._run, name="pagedattn-engine", daemon=True
                 )
