@@ -19,12 +19,16 @@ from numba import types
 from numba.extending import intrinsic
 
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector
+from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder
 from pagedattn.model.block_dot import ROWS_PER_TASK
 from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 
-TILE_N = 2  # output rows per register tile
-TILE_T = 3  # activation rows per register tile (scratch kernel)
+# output rows x activation rows per register tile: 2 x 3 accumulators, two ymm each, with the
+# rows of x and a weight vector fill AVX2's 16 registers; AVX-512's 32 zmm hold 4 x 4 (with 4
+# rows of x and a weight vector: 21), twice the multiply-adds per vector loaded. Each output's
+# order of operations is the same in every tile shape: the same bits.
+TILE_N, TILE_T = (4, 4) if has_wide_registers() else (2, 3)
 
 
 def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
