@@ -9,8 +9,8 @@ for sits descheduled. Too short a spin costs the other way: a decode step is ~15
 regions, and a thread that went to sleep between two of them is woken by the kernel (a futex, on
 a virtual machine an inter-processor interrupt through the hypervisor) at the next one.
 
-The default, 2000 iterations, keeps a decode step's back-to-back regions
-warm and gives the core back soon after. Measured on a 2-core Intel Xeon VM, SmolLM2 Q4_1,
+The default, 2000 iterations, keeps a decode step's back-to-back regions warm and gives the
+core back soon after. Measured on a 2-core Intel Xeon VM, SmolLM2 Q4_1,
 ``generate --max-tokens 128 --ignore-eos``, decode tok/s alone / each of two processes side by
 side: 1000 iterations 124-129 / 68; 2000: 180-182 / 53; 10000: 192 / 24 (llama.cpp's
 ``llama-bench -t 2`` on the same file: 111 alone / 20.5 side by side).
@@ -28,8 +28,8 @@ It has no effect when libgomp was already loaded by something else, or when Numb
 threading layer (TBB, workqueue).
 
 libgomp keeps a team of worker threads for each thread that starts a parallel region, and once
-it manages more threads than there are CPUs it cuts every spin to at most 1000 iterations
-(``gomp_throttled_spin_count_var``). A server that loads and warms up its engine on one thread
+it manages more threads than there are CPUs it cuts every spin short
+(``gomp_throttled_spin_count_var``, at most 1000 iterations). A server that loads and warms up its engine on one thread
 and then steps it on another holds two teams: on a 2-core Xeon VM its decode steps took 20 ms
 instead of 8.5. :func:`release_thread_workers` lets the calling thread's team go before the
 hand-off.
