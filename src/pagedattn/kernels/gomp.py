@@ -29,10 +29,10 @@ threading layer (TBB, workqueue).
 
 libgomp keeps a team of worker threads for each thread that starts a parallel region, and once
 it manages more threads than there are CPUs it cuts every spin short
-(``gomp_throttled_spin_count_var``, at most 1000 iterations). A server that loads and warms up its engine on one thread
-and then steps it on another holds two teams: on a 2-core Xeon VM its decode steps took 20 ms
-instead of 8.5. :func:`release_thread_workers` lets the calling thread's team go before the
-hand-off.
+(``gomp_throttled_spin_count_var``, at most 1000 iterations). A server that loads and warms up
+its engine on one thread and then steps it on another holds two teams: on a 2-core Xeon VM its
+decode steps took 20 ms instead of 8.5. :func:`release_thread_workers` lets the calling
+thread's team go before the hand-off.
 """
 
 from __future__ import annotations
