@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pagedattn.engine.outputs import RequestOutput
-from pagedattn.kernels.gomp import release_thread_workers
 from pagedattn.sampling_params import SamplingParams
 from pagedattn.server.metrics import ServerMetrics
 
@@ -115,6 +114,9 @@ class AsyncEngine:
                 self._closed = False
                 # this thread (which loaded and warmed up the engine) hands its kernels to the
                 # engine thread: its OpenMP team would shorten the engine thread's spins
+                # (imported here: a process that only relays requests loads no kernels)
+                from pagedattn.kernels.gomp import release_thread_workers
+
                 release_thread_workers()
                 self._thread = threading.Thread(
                     target=self._run, name="pagedattn-engine", daemon=True
