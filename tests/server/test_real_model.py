@@ -14,7 +14,9 @@ def test_smollm2_chat_names_paris() -> None:
     args = ["--kv-cache-mib", "64", "--log-level", "warning"]
     with serve_subprocess(args, timeout=120) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-        assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+        # the model's own name, and the one `pagedattn models` lists it under
+        names = [m.id for m in client.models.list().data]
+        assert names == ["SmolLM2-135M-Instruct", "smollm2-135m"]
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         out = client.chat.completions.create(
             model="SmolLM2-135M-Instruct", messages=messages, max_tokens=24, temperature=0
@@ -22,7 +24,7 @@ def test_smollm2_chat_names_paris() -> None:
         assert "Paris" in (out.choices[0].message.content or "")
         assert out.usage.completion_tokens <= 24 and out.usage.prompt_tokens > 10
         stream = client.chat.completions.create(
-            model="SmolLM2-135M-Instruct",
+            model="smollm2-135m",
             messages=messages,
             max_tokens=24,
             temperature=0,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 from typing import Any, cast
 
 from pydantic import ValidationError
@@ -19,16 +18,12 @@ from pagedattn.cluster.baselines import BASELINES, ROUTER_NAMES
 from pagedattn.cluster.ingress import ClusterIngress
 from pagedattn.cluster.replica import EngineReplica
 from pagedattn.cluster.router import PrefixAwareRouter
-from pagedattn.server.app import DEFAULT_MAX_REQUEST_BYTES
+from pagedattn.server.app import DEFAULT_MAX_REQUEST_BYTES, default_served_names
 
 APP_NAME = "pagedattn"
 ENGINE_DEPLOYMENT = "PagedAttnEngine"
 INGRESS_DEPLOYMENT = "PagedAttnIngress"
 ROUTERS = ("prefix", *ROUTER_NAMES)
-
-
-def default_model_name(model: str | None) -> str:
-    return "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
 
 
 def autoscaling_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +104,7 @@ def build_cluster_app(
     replicas = 2 if replicas is None else replicas
     if replicas < 1:
         raise ValueError(f"replicas: expected >= 1, got {replicas}")
-    names = served_model_name or [default_model_name(model)]
+    names = served_model_name or default_served_names(model)
     names = [names] if isinstance(names, str) else list(names)
     router_cls = PrefixAwareRouter if router == "prefix" else BASELINES[router]
     kwargs = {"max_load_spread": max_load_spread} if router == "prefix" else {}

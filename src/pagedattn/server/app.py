@@ -245,6 +245,20 @@ def create_client_app(
     return app
 
 
+def default_served_names(model: str | None) -> list[str]:
+    """The names a server answers to when it is given none: the file or folder name without
+    extension; for the embedded model (``model`` None) ``SmolLM2-135M-Instruct`` and the name
+    ``pagedattn models`` lists it under (``smollm2-135m``)."""
+    from pathlib import Path
+
+    from pagedattn.model.catalogue_entries import DEFAULT_NAME
+    from pagedattn.model.registry import DEFAULT_MODEL
+
+    if model is None:
+        return [DEFAULT_MODEL.name, DEFAULT_NAME]
+    return [Path(model).name.removesuffix(".gguf")]
+
+
 def build_app(
     model: str | None = None,
     *,
@@ -265,8 +279,8 @@ def build_app(
 
     Args:
         model: a GGUF file or Hugging Face folder; None = the embedded SmolLM2.
-        served_model_name: the name (or names) clients use; None or empty = the file or folder
-            name without extension (the embedded model: ``SmolLM2-135M-Instruct``).
+        served_model_name: the name (or names) clients use; None or empty =
+            :func:`default_served_names`.
         api_key, default_max_tokens, health_stall_s, max_request_bytes, max_logprobs,
         enable_server_load_tracking, webui, max_seqs_per_request: see :func:`create_app`.
         engine_options: engine options (see :func:`pagedattn.engine.llm.engine_config`).
@@ -275,7 +289,6 @@ def build_app(
         FileNotFoundError, ValueError: from the loader or the engine configuration.
         pagedattn.engine.warm_up.WarmUpError: the engine cannot run a request.
     """
-    from pathlib import Path
 
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
@@ -286,9 +299,7 @@ def build_app(
 
     warm_up(engine, compile_in_parallel=True)
     if not served_model_name:
-        served_model_name = (
-            "SmolLM2-135M-Instruct" if model is None else Path(model).name.removesuffix(".gguf")
-        )
+        served_model_name = default_served_names(model)
     app = create_app(
         engine,
         model_name=served_model_name,
