@@ -10,16 +10,9 @@ import typer
 from typer import core as typer_core
 
 
-class _PlainArgument(typer_core.TyperArgument):
-    """An argument whose help row shows no type (its name says what it is)."""
-
-    def display_type_rich(self, ctx: Any) -> str | None:  # typer >= 0.29
-        return None
-
-
 def _untyped(kind: Any) -> Any:
-    """A copy of the click type ``kind`` whose metavar is empty: typer < 0.29 shows an
-    argument's type as ``<str>`` when its metavar is None, and nothing when it is ""."""
+    """A copy of the click type ``kind`` whose metavar is empty: typer shows an argument's
+    type as ``<str>`` when its type's metavar is None, and nothing when it is ""."""
     plain = copy.copy(kind)
     plain.get_metavar = lambda param, ctx=None: ""
     return plain
@@ -28,8 +21,7 @@ def _untyped(kind: Any) -> Any:
 def _plain_metavar(param: Any) -> None:
     """Give an option without a metavar its plain one: "" for a flag, the upper-case type
     name for a value (typer's ``<int>`` becomes ``INT``); an argument shows no type."""
-    if type(param) is typer_core.TyperArgument:
-        param.__class__ = _PlainArgument
+    if isinstance(param, typer_core.TyperArgument):
         param.type = _untyped(param.type)
         return
     if param.metavar is not None or not isinstance(param, typer_core.TyperOption):
@@ -37,13 +29,9 @@ def _plain_metavar(param: Any) -> None:
     if param.is_flag:
         param.metavar = ""
         return
-    display = getattr(param, "display_type_rich", None)  # typer >= 0.29
-    if display is not None:
-        shown = display(cast(Any, None))  # no context: the type alone
-    else:  # typer < 0.29 shows the type's metavar, else <its name>
-        shown = param.type.get_metavar(param=param, ctx=cast(Any, None))
-        shown = shown or f"<{param.type.name}>"
-    if shown is not None and shown.startswith("<") and shown.endswith(">"):
+    # what typer shows: the type's own metavar (choices: "a|b"), else <its name>
+    shown = param.type.get_metavar(param=param, ctx=cast(Any, None)) or f"<{param.type.name}>"
+    if shown.startswith("<") and shown.endswith(">"):
         param.metavar = shown[1:-1].upper()
 
 
