@@ -289,7 +289,6 @@ def build_app(
         FileNotFoundError, ValueError: from the loader or the engine configuration.
         pagedattn.engine.warm_up.WarmUpError: the engine cannot run a request.
     """
-
     from pagedattn.engine.llm import engine_config
     from pagedattn.engine.llm_engine import LLMEngine
 
