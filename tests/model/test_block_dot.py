@@ -53,6 +53,22 @@ def test_register_and_scratch_kernels_agree_bitwise(
     np.testing.assert_array_equal(dense, in_registers)
 
 
+@pytest.mark.parametrize("offset", [0, 4, 8, 12])  # floats past a cache line
+def test_activations_meet_the_tiles_on_a_cache_line_with_the_same_values(offset: int) -> None:
+    block, x = _case(Q.Q4_1, 20, 4, 40, offset)  # 40 rows: the tiles
+    buf = np.empty(x.size + 32, np.float32)
+    first = (64 - buf.ctypes.data % 64) % 64 // 4 + offset
+    shifted = buf[first : first + x.size].reshape(x.shape)
+    shifted[...] = x
+    assert shifted.ctypes.data % 64 == 4 * offset
+    lined = block_tiles.aligned(shifted)
+    assert lined.ctypes.data % 64 == 0 and lined.shape == x.shape
+    assert (lined is shifted) == (offset == 0)
+    np.testing.assert_array_equal(lined, x)
+    # the product does not depend on where x sits (the tiles get a lined-up copy)
+    np.testing.assert_array_equal(qmatmul(shifted, block), qmatmul(x, block))
+
+
 def test_long_rows_stay_accurate() -> None:
     """16 lanes of in-order fma, then a halving tree: within float32 round-off of float64 at the
     model's widest input (1,536)."""

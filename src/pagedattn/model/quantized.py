@@ -32,7 +32,7 @@ from pagedattn.config import ACTIVATIONS
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
 from pagedattn.model.block_ir import FILE_SHAPES, INT8_KINDS, KINDS, LANES, SHAPES, kind_set
 from pagedattn.model.block_repack import repack_blocks
-from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
+from pagedattn.model.block_tiles import aligned, decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per activation block of the int8 path
@@ -283,6 +283,8 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         return "registers" if x.shape[0] <= DECODE_MAX_ROWS else "tiled"
 
     paths = {path(w) for w in parts}
+    if paths & {"tiled", "float"}:
+        x = aligned(x)  # the register tiles load x from cache lines (see block_tiles)
     if len(parts) <= 3 and len(paths) == 1 and paths <= {"int8", "registers"}:
         _launch_blocks(x, int8 if paths == {"int8"} else None, parts, out)  # q|k|v: one launch
         return out
