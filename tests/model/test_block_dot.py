@@ -53,6 +53,23 @@ def test_register_and_scratch_kernels_agree_bitwise(
     np.testing.assert_array_equal(dense, in_registers)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("blocks", [50, 65])  # 1,600 and 2,080 inputs: span by span
+def test_long_rows_in_spans_keep_the_register_kernels_bits(qtype: Q, blocks: int) -> None:
+    rows, out = 2 * block_tiles.TILE_T + 3, 3 * block_tiles.TILE_N + 3  # with both tails
+    assert 32 * blocks // 16 > block_tiles.SPAN_MIN_STEPS
+    block, x = _case(qtype, out, blocks, rows, blocks)
+    b, k = block.blocks, block.kind
+    in_registers = np.full((rows, out), np.nan, np.float32)
+    block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), kind_set({k}), 1, in_registers)
+    from_scratch = np.full((rows, out), np.nan, np.float32)
+    block_tiles.qmatmul_tiled(block_tiles.aligned(x), b, k, from_scratch)
+    np.testing.assert_array_equal(from_scratch, in_registers)
+    dense = np.full((rows, out), np.nan, np.float32)
+    block_tiles.matmul_float(block_tiles.aligned(x), block.dequantize(), dense)
+    np.testing.assert_array_equal(dense, in_registers)
+
+
 @pytest.mark.parametrize("offset", [0, 4, 8, 12])  # floats past a cache line
 def test_activations_meet_the_tiles_on_a_cache_line_with_the_same_values(offset: int) -> None:
     block, x = _case(Q.Q4_1, 20, 4, 40, offset)  # 40 rows: the tiles

@@ -34,6 +34,8 @@ from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 # order of operations is the same in every tile shape: the same bits.
 TILE_N, TILE_T = (4, 4) if has_wide_registers() else (2, 3)
 ALIGN = 64  # bytes: a cache line, and one zmm
+SPAN_STEPS = 32  # LANES-steps of x per span of a long row (512 inputs: 8 KB of 4 rows)
+SPAN_MIN_STEPS = 96  # rows longer than this (1,536 inputs) go span by span
 
 
 def aligned(x: np.ndarray) -> np.ndarray:
@@ -96,6 +98,40 @@ def decode_into(typingctx: Any, kind: Any, blocks: Any, n: Any, w: Any, r: Any) 
     return sig, codegen
 
 
+Rows = tuple[Arr2D, ir.Value]  # an operand and the first of the tile's rows in it
+
+
+def _tile_steps(
+    builder: ir.IRBuilder,
+    w: Rows,
+    x: Rows,
+    steps: tuple[ir.Value, ir.Value],
+    accs: list[ir.Value],
+    cols: int,
+) -> list[ir.Value]:
+    """A tile's lane accumulators (index ``r * cols + c``: w's row r by x's row c) carried
+    over LANES-input steps ``steps[0]`` .. ``steps[0] + steps[1]``."""
+    (w_arr, r_first), (x_arr, t_first), (first_step, num_steps) = w, x, steps
+    rows = len(accs) // cols
+    i64 = r_first.type
+
+    def body(step: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+        accs = list(accs)
+        k = builder.mul(builder.add(first_step, step), i64(LANES))
+        xs = [
+            _load_vf(builder, x_arr.ptr(builder, builder.add(t_first, i64(c)), k))
+            for c in range(cols)
+        ]
+        for r in range(rows):
+            wv = _load_vf(builder, w_arr.ptr(builder, builder.add(r_first, i64(r)), k))
+            for c in range(cols):
+                accs[r * cols + c] = fma(builder, wv, xs[c], accs[r * cols + c])
+        return accs
+
+    carried_loop(builder, num_steps, accs, body)
+    return accs
+
+
 def _make_scratch_dot(rows: int, cols: int) -> Any:
     """Intrinsic (w, r0, x, t0) -> UniTuple(float32, rows * cols): dot(w[r0 + r], x[t0 + c]) at
     index ``r * cols + c``, for float32 ``w`` (a scratch filled by :func:`decode_into`)."""
@@ -109,25 +145,12 @@ def _make_scratch_dot(rows: int, cols: int) -> Any:
                 Arr2D(context, builder, sig.args[0], args[0]),
                 Arr2D(context, builder, sig.args[2], args[2]),
             )
-            r_first, t_first = args[1], args[3]
-            i64 = r_first.type
+            i64 = args[1].type
+            zeros = [ir.Constant(VF, [0.0] * LANES)] * (rows * cols)
             num_steps = builder.sdiv(w_arr.shape[1], i64(LANES))
-            accs = [ir.Constant(VF, [0.0] * LANES)] * (rows * cols)
-
-            def body(step: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                accs = list(accs)
-                k = builder.mul(step, i64(LANES))
-                xs = [
-                    _load_vf(builder, x_arr.ptr(builder, builder.add(t_first, i64(c)), k))
-                    for c in range(cols)
-                ]
-                for r in range(rows):
-                    wv = _load_vf(builder, w_arr.ptr(builder, builder.add(r_first, i64(r)), k))
-                    for c in range(cols):
-                        accs[r * cols + c] = fma(builder, wv, xs[c], accs[r * cols + c])
-                return accs
-
-            carried_loop(builder, num_steps, accs, body)
+            accs = _tile_steps(
+                builder, (w_arr, args[1]), (x_arr, args[3]), (i64(0), num_steps), zeros, cols
+            )
             return context.make_tuple(builder, sig.return_type, [hsum(builder, a) for a in accs])
 
         return sig, codegen
@@ -135,8 +158,75 @@ def _make_scratch_dot(rows: int, cols: int) -> Any:
     return scratch_dot
 
 
+@intrinsic  # type: ignore[misc]
+def _span_steps(
+    typingctx: Any, w: Any, r0: Any, x: Any, t0: Any, s0: Any, s1: Any, acc: Any, a0: Any
+) -> Any:
+    """Continue a TILE_N x TILE_T tile's lane accumulators, rows ``a0 ..`` of float32 ``acc``
+    (index ``r * TILE_T + c``), over LANES-input steps ``s0 .. s1``: the same fused
+    multiply-adds in the same order as :func:`_make_scratch_dot`'s loop, in spans."""
+    sig = types.none(w, r0, x, t0, s0, s1, acc, a0)
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+        w_arr, x_arr, acc_arr = (Arr2D(context, builder, sig.args[i], args[i]) for i in (0, 2, 6))
+        i64 = args[1].type
+        zero = i64(0)
+        slots = [
+            builder.bitcast(acc_arr.ptr(builder, builder.add(args[7], i64(i)), zero),
+                            VF.as_pointer())
+            for i in range(TILE_N * TILE_T)
+        ]  # fmt: skip
+        accs = [builder.load(p, align=4) for p in slots]
+        steps = (args[4], builder.sub(args[5], args[4]))
+        accs = _tile_steps(builder, (w_arr, args[1]), (x_arr, args[3]), steps, accs, TILE_T)
+        for p, a in zip(slots, accs, strict=True):
+            builder.store(a, p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic  # type: ignore[misc]
+def _lane_sums(typingctx: Any, acc: Any, a0: Any) -> Any:
+    """UniTuple(float32, TILE_N * TILE_T): rows ``a0 ..`` of ``acc`` each summed by halving
+    (:func:`~pagedattn.kernels.simd_ir.hsum`, as the unspanned tiles end)."""
+    sig = types.UniTuple(types.float32, TILE_N * TILE_T)(acc, a0)
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+        acc_arr = Arr2D(context, builder, sig.args[0], args[0])
+        i64 = args[1].type
+        sums = [
+            hsum(builder, _load_vf(builder, acc_arr.ptr(builder, builder.add(args[1], i64(i)),
+                                                        i64(0))))
+            for i in range(TILE_N * TILE_T)
+        ]  # fmt: skip
+        return context.make_tuple(builder, sig.return_type, sums)
+
+    return sig, codegen
+
+
 _scratch_tile, _scratch_col = _make_scratch_dot(TILE_N, TILE_T), _make_scratch_dot(TILE_N, 1)
 _scratch_one = _make_scratch_dot(1, 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _apply_spans(w, r0, count, x, out, n0, t):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t + c, n0 + i] for c < TILE_T and i < count rounded down to TILE_N, span by span:
+    every tile walks the inputs SPAN_STEPS LANES-steps at a time, all the tiles of a span
+    before the next span, their accumulators in a small buffer between spans, so a span of
+    the TILE_T rows of x stays in L1 while it meets every row of w."""
+    steps = x.shape[1] // LANES
+    groups = count // TILE_N
+    acc = np.zeros((groups * TILE_N * TILE_T, LANES), np.float32)
+    for s0 in range(0, steps, SPAN_STEPS):
+        s1 = min(steps, s0 + SPAN_STEPS)
+        for g in range(groups):
+            _span_steps(w, r0 + g * TILE_N, x, t, s0, s1, acc, g * TILE_N * TILE_T)  # type: ignore[call-arg]
+    for g in range(groups):
+        s = _lane_sums(acc, g * TILE_N * TILE_T)  # type: ignore[call-arg,var-annotated]
+        for i in range(TILE_N):
+            for c in range(TILE_T):
+                out[t + c, n0 + g * TILE_N + i] = s[i * TILE_T + c]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -144,11 +234,17 @@ def _apply_rows(w, r0, count, x, out, n0):  # type: ignore[no-untyped-def]  # pr
     """out[t, n0 + i] = dot(w[r0 + i], x[t]) for i < count and every t, in register tiles of
     TILE_N rows of w by TILE_T rows of x: each group of TILE_T rows of x meets all ``count``
     rows of w while it sits in L1, so x is read from memory once per task and w (one task's
-    rows: 37 KB at 576 inputs) cycles through L1 / L2."""
+    rows: 37 KB at 576 inputs) cycles through L1 / L2. Rows longer than SPAN_MIN_STEPS
+    LANES-steps (whose TILE_T rows would not stay in L1) go span by span
+    (:func:`_apply_spans`)."""
     num_rows = x.shape[0]
+    spans = x.shape[1] // LANES > SPAN_MIN_STEPS
     t = 0
     while t + TILE_T <= num_rows:
         r = 0
+        if spans:
+            _apply_spans(w, r0, count, x, out, n0, t)
+            r = count // TILE_N * TILE_N
         while r + TILE_N <= count:
             s = _scratch_tile(w, r0 + r, x, t)
             for i in range(TILE_N):
