@@ -88,24 +88,38 @@ class _Simple:
 
 
 class _Bytes:
-    """16-byte runs of a block widened to <16 x i32>, each loaded once."""
+    """16-byte runs of a block as <16 x i8> or widened to <16 x i32>, each loaded once."""
 
     def __init__(self, builder: ir.IRBuilder, block: ir.Value) -> None:
         self._builder, self._block = builder, block
-        self._loaded: dict[tuple[int, bool], ir.Value] = {}
+        self._loaded: dict[tuple[int, bool | int], ir.Value] = {}
 
-    def at(self, offset: int, signed: bool = False) -> ir.Value:
-        key = (offset, signed)
+    def raw(self, offset: int, count: int = LANES) -> ir.Value:
+        """``count`` bytes from ``offset`` as <count x i8>."""
+        key = (offset, count)
         if key not in self._loaded:
             b = self._builder
             ptr = b.gep(self._block, [ir.Constant(_I64, offset)])
-            raw = b.load(b.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+            ty = ir.VectorType(I8, count)
+            self._loaded[key] = b.load(b.bitcast(ptr, ty.as_pointer()), align=1)
+        return self._loaded[key]
+
+    def at(self, offset: int, signed: bool = False) -> ir.Value:
+        """Bytes ``offset ..`` widened (sign- or zero-extended) to <16 x i32>."""
+        key = (offset, signed)
+        if key not in self._loaded:
+            b = self._builder
+            raw = self.raw(offset)
             self._loaded[key] = b.sext(raw, _V16I32) if signed else b.zext(raw, _V16I32)
         return self._loaded[key]
 
 
 def _ints(values: list[int]) -> ir.Constant:
     return ir.Constant(ir.VectorType(I32, len(values)), values)
+
+
+def _byte_splat(value: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I8, GROUP), [value] * GROUP)
 
 
 def _looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Value:
@@ -246,12 +260,14 @@ class _Q6K:
         b = self._builder
         h, s = divmod(g, 4)
         out = []
+        # the group's 32 codes assembled in bytes (one op per 32, where i32 lanes take two
+        # per 16 on AVX2), then widened: the same integers
+        low = self._bytes.raw(64 * h + 32 * (s % 2), GROUP)
+        nib = b.lshr(low, _byte_splat(4)) if s >= 2 else b.and_(low, _byte_splat(15))
+        qh = self._bytes.raw(128 + 32 * h, GROUP)
+        top = b.shl(b.and_(b.lshr(qh, _byte_splat(2 * s)), _byte_splat(3)), _byte_splat(4))
+        codes = b.sub(b.or_(nib, top), _byte_splat(32))  # in [-32, 31]
         for half in range(GROUP // LANES):
-            low = self._bytes.at(64 * h + 32 * (s % 2) + LANES * half)
-            nib = b.lshr(low, _ints([4] * LANES)) if s >= 2 else b.and_(low, _ints([15] * LANES))
-            qh = self._bytes.at(128 + 32 * h + LANES * half)
-            top = b.shl(b.and_(b.lshr(qh, _ints([2 * s] * LANES)), _ints([3] * LANES)),
-                        _ints([4] * LANES))  # fmt: skip
-            code = b.sub(b.or_(nib, top), _ints([32] * LANES))
+            code = b.shuffle_vector(codes, codes, mask(range(LANES * half, LANES * (half + 1))))
             out.append(b.fmul(self._lanes.splat(2 * g + half), b.sitofp(code, VF)))
         return out
