@@ -14,9 +14,12 @@ from gguf.quants import quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pagedattn.kernels.aligned import aligned
 from pagedattn.model import block_dot, block_tiles
 from pagedattn.model.block_ir import KINDS, kind_set, kinds_of
+from pagedattn.model.gelu_ops import gelu_mul
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
+from pagedattn.model.row_ops import rms_norm, silu_mul
 from tests.model.random_blocks import random_blocks
 
 
@@ -63,10 +66,10 @@ def test_long_rows_in_spans_keep_the_register_kernels_bits(qtype: Q, blocks: int
     in_registers = np.full((rows, out), np.nan, np.float32)
     block_dot.qmatmul_blocks(x, b, b, b, (k, k, k), kind_set({k}), 1, in_registers)
     from_scratch = np.full((rows, out), np.nan, np.float32)
-    block_tiles.qmatmul_tiled(block_tiles.aligned(x), b, k, from_scratch)
+    block_tiles.qmatmul_tiled(aligned(x), b, k, from_scratch)
     np.testing.assert_array_equal(from_scratch, in_registers)
     dense = np.full((rows, out), np.nan, np.float32)
-    block_tiles.matmul_float(block_tiles.aligned(x), block.dequantize(), dense)
+    block_tiles.matmul_float(aligned(x), block.dequantize(), dense)
     np.testing.assert_array_equal(dense, in_registers)
 
 
@@ -78,12 +81,26 @@ def test_activations_meet_the_tiles_on_a_cache_line_with_the_same_values(offset:
     shifted = buf[first : first + x.size].reshape(x.shape)
     shifted[...] = x
     assert shifted.ctypes.data % 64 == 4 * offset
-    lined = block_tiles.aligned(shifted)
+    lined = aligned(shifted)
     assert lined.ctypes.data % 64 == 0 and lined.shape == x.shape
     assert (lined is shifted) == (offset == 0)
     np.testing.assert_array_equal(lined, x)
     # the product does not depend on where x sits (the tiles get a lined-up copy)
     np.testing.assert_array_equal(qmatmul(shifted, block), qmatmul(x, block))
+
+
+def test_the_activations_a_matmul_reads_are_made_on_a_cache_line() -> None:
+    """Norms, gated activations and matmuls write their outputs where the next matmul's tiles
+    want them, so that it copies nothing."""
+    block, x = _case(Q.Q4_1, 64, 4, 40, 1)
+    gate_up = np.random.default_rng(1).standard_normal((40, 2 * 96)).astype(np.float32)
+    outs = {
+        "rms_norm": rms_norm(x, np.ones(x.shape[1], np.float32), 1e-5),
+        "silu_mul": silu_mul(gate_up),
+        "gelu_mul": gelu_mul(gate_up),
+        "qmatmul": qmatmul(x, block),
+    }
+    assert {name: out.ctypes.data % 64 for name, out in outs.items()} == dict.fromkeys(outs, 0)
 
 
 def test_long_rows_stay_accurate() -> None:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from numba import njit
 
 from pagedattn.kernels import paged_decode_numba, paged_prefill_numba
+from pagedattn.kernels.aligned import empty_aligned
 from pagedattn.kernels.kv_dtype import kernel_cache
 from pagedattn.kernels.paged_checks import (
     IntArray,
@@ -296,7 +297,7 @@ def paged_attention_prefill(
     )
     order = _balanced_order(span.astype(np.float64))
     item_seq, item_q1st = item_seq[order], item_q1st[order]
-    out = np.empty(q.shape, np.float32)
+    out = empty_aligned(q.shape)  # attn_output's input
     lse = np.empty(q.shape[:2], np.float32)
     paged_prefill_numba.prefill_kernel(
         q,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagedattn.kernels.aligned import empty_aligned
 from pagedattn.kernels.kv_dtype import logical_shape
 from pagedattn.kernels.paged import paged_attention_prefill
 from pagedattn.kernels.paged_checks import CacheShape
@@ -86,7 +87,7 @@ class AttentionSplit:
             return self._prefill(
                 q, q_sink, k_cache, v_cache, b.page_tables, b.query_start_loc, b.context_lens
             )
-        out = np.empty(q.shape, np.float32)
+        out = empty_aligned(q.shape)  # attn_output's input
         d, p = self.decode_rows, self.prefill_rows
         ds, ps = self.decode_seqs, self.prefill_seqs
         out[d] = self._decode(

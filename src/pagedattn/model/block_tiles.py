@@ -7,9 +7,9 @@ accumulators, in-order fused multiply-adds, a halving sum), so :func:`qmatmul_ti
 :func:`~pagedattn.model.block_dot.qmatmul_blocks` bit for bit and :func:`matmul_float` keeps
 float checkpoints batch-invariant too.
 
-Both operands start on a cache line (:data:`ALIGN`): a vector load that straddles two lines
-costs two, and the tiles issue one load per two multiply-adds, so a 16- or 32-byte aligned
-operand (NumPy's and Numba's allocations) made the tiles 25-40 % slower than aligned ones.
+Both operands start on a cache line (:mod:`pagedattn.kernels.aligned`): a vector load that
+straddles two lines costs two, and the tiles issue one load per two multiply-adds, so a 16- or
+32-byte aligned operand (NumPy's and Numba's allocations) made the tiles 25-40 % slower.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from pagedattn.kernels.aligned import ALIGN
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder
@@ -33,21 +34,8 @@ from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 # rows of x and a weight vector: 21), twice the multiply-adds per vector loaded. Each output's
 # order of operations is the same in every tile shape: the same bits.
 TILE_N, TILE_T = (4, 4) if has_wide_registers() else (2, 3)
-ALIGN = 64  # bytes: a cache line, and one zmm
 SPAN_STEPS = 32  # LANES-steps of x per span of a long row (512 inputs: 8 KB of 4 rows)
 SPAN_MIN_STEPS = 96  # rows longer than this (1,536 inputs) go span by span
-
-
-def aligned(x: np.ndarray) -> np.ndarray:
-    """``x`` (C-contiguous float32) if its data starts on a cache line, else a copy that does
-    (rows whose length is a multiple of LANES then all start on one)."""
-    if x.ctypes.data % ALIGN == 0:
-        return x
-    buf = np.empty(x.size + ALIGN // 4, np.float32)
-    first = (ALIGN - buf.ctypes.data % ALIGN) % ALIGN // 4
-    out = buf[first : first + x.size].reshape(x.shape)
-    out[...] = x
-    return out
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

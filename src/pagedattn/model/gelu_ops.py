@@ -11,6 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from pagedattn.kernels.aligned import empty_aligned
 from pagedattn.model.row_ops import (
     _ELEMENTWISE,
     SERIAL_MAX_ROWS,
@@ -65,7 +66,7 @@ def gelu_mul(gate_up: np.ndarray) -> np.ndarray:
     if gate_up.ndim != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up: expected (num_tokens, 2 * intermediate), got {gate_up.shape}")
     gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
-    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)
+    out = empty_aligned((gate_up.shape[0], gate_up.shape[1] // 2))  # ffn_down's input
     kernel = gelu_mul_serial if out.shape[0] <= SERIAL_MAX_ROWS else _gelu_mul_kernel
     kernel(gate_up, out)
     return out

@@ -29,10 +29,11 @@ import numba
 import numpy as np
 
 from pagedattn.config import ACTIVATIONS
+from pagedattn.kernels.aligned import aligned, empty_aligned
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
 from pagedattn.model.block_ir import FILE_SHAPES, INT8_KINDS, KINDS, LANES, SHAPES, kind_set
 from pagedattn.model.block_repack import repack_blocks
-from pagedattn.model.block_tiles import aligned, decode_into, matmul_float, qmatmul_tiled
+from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per activation block of the int8 path
@@ -273,7 +274,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
     for w in parts:
         if w.shape[1] != k:
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
-    out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
+    out = empty_aligned((x.shape[0], sum(p.shape[0] for p in parts)))
 
     def path(w: Matrix) -> str:  # int8 / registers: qmatmul_blocks(_int8); tiled; float
         if not isinstance(w, BlockQuantized):

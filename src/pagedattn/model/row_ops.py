@@ -11,6 +11,7 @@ import numba
 import numpy as np
 
 import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP spin)
+from pagedattn.kernels.aligned import empty_aligned
 
 NORM_LANES = 16  # partial sums of the mean square: element h goes to lane h % NORM_LANES
 
@@ -148,7 +149,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     if x.ndim != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"x: expected (num_tokens, {weight.shape[0]}), got {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty_like(x)
+    out = empty_aligned(x.shape)  # the next matmul's input
     kernel = rms_norm_serial if x.shape[0] <= SERIAL_MAX_ROWS else _rms_norm_kernel
     kernel(x, np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps), out)
     return out
@@ -169,7 +170,7 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     if gate_up.ndim != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up: expected (num_tokens, 2 * intermediate), got {gate_up.shape}")
     gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
-    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)
+    out = empty_aligned((gate_up.shape[0], gate_up.shape[1] // 2))  # ffn_down's input
     kernel = silu_mul_serial if out.shape[0] <= SERIAL_MAX_ROWS else _silu_mul_kernel
     kernel(gate_up, out)
     return out
