@@ -4,11 +4,13 @@ The GEMM register tiles (:mod:`pagedattn.model.block_tiles`) load one vector per
 multiply-adds, and a vector load that straddles two cache lines costs two; NumPy aligns its
 allocations to 16 bytes only. The activations a matmul reads (a norm's, the attention's, the
 gated activation's output, another matmul's) are allocated here, so the matmul finds them on a
-line; :func:`aligned` copies the rest.
+line; :func:`aligned` copies the rest. Inside compiled kernels, :func:`aligned_scratch` does the
+same for a scratch (Numba's own allocations are 32-byte aligned).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 ALIGN = 64  # bytes: a cache line, and one zmm
@@ -21,6 +23,14 @@ def empty_aligned(shape: tuple[int, ...]) -> np.ndarray:
     buf = np.empty(size + ALIGN // 4, np.float32)
     first = (ALIGN - buf.ctypes.data % ALIGN) % ALIGN // 4
     return buf[first : first + size].reshape(shape)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def aligned_scratch(rows, cols):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`empty_aligned` ``((rows, cols))`` inside a compiled kernel."""
+    buf = np.empty(rows * cols + ALIGN // 4, np.float32)
+    first = (ALIGN - buf.ctypes.data % ALIGN) % ALIGN // 4
+    return buf[first : first + rows * cols].reshape((rows, cols))
 
 
 def aligned(x: np.ndarray) -> np.ndarray:

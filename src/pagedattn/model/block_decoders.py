@@ -92,26 +92,27 @@ class _Bytes:
 
     def __init__(self, builder: ir.IRBuilder, block: ir.Value) -> None:
         self._builder, self._block = builder, block
-        self._loaded: dict[tuple[int, bool | int], ir.Value] = {}
+        self._raw: dict[tuple[int, int], ir.Value] = {}  # (offset, count) -> <count x i8>
+        self._widened: dict[tuple[int, bool], ir.Value] = {}  # (offset, signed) -> <16 x i32>
 
     def raw(self, offset: int, count: int = LANES) -> ir.Value:
         """``count`` bytes from ``offset`` as <count x i8>."""
         key = (offset, count)
-        if key not in self._loaded:
+        if key not in self._raw:
             b = self._builder
             ptr = b.gep(self._block, [ir.Constant(_I64, offset)])
             ty = ir.VectorType(I8, count)
-            self._loaded[key] = b.load(b.bitcast(ptr, ty.as_pointer()), align=1)
-        return self._loaded[key]
+            self._raw[key] = b.load(b.bitcast(ptr, ty.as_pointer()), align=1)
+        return self._raw[key]
 
     def at(self, offset: int, signed: bool = False) -> ir.Value:
         """Bytes ``offset ..`` widened (sign- or zero-extended) to <16 x i32>."""
         key = (offset, signed)
-        if key not in self._loaded:
+        if key not in self._widened:
             b = self._builder
             raw = self.raw(offset)
-            self._loaded[key] = b.sext(raw, _V16I32) if signed else b.zext(raw, _V16I32)
-        return self._loaded[key]
+            self._widened[key] = b.sext(raw, _V16I32) if signed else b.zext(raw, _V16I32)
+        return self._widened[key]
 
 
 def _ints(values: list[int]) -> ir.Constant:

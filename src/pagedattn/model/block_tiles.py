@@ -22,7 +22,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.aligned import ALIGN
+from pagedattn.kernels.aligned import aligned_scratch
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder
@@ -36,15 +36,6 @@ from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 TILE_N, TILE_T = (4, 4) if has_wide_registers() else (2, 3)
 SPAN_STEPS = 32  # LANES-steps of x per span of a long row (512 inputs: 8 KB of 4 rows)
 SPAN_MIN_STEPS = 96  # rows longer than this (1,536 inputs) go span by span
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _aligned_scratch(rows, cols):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """An uninitialised float32 (rows, cols) whose data starts on a cache line (Numba's own
-    allocations are 32-byte aligned)."""
-    buf = np.empty(rows * cols + ALIGN // 4, np.float32)
-    first = (ALIGN - buf.ctypes.data % ALIGN) % ALIGN // 4
-    return buf[first : first + rows * cols].reshape((rows, cols))
 
 
 def _load_vf(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
@@ -270,7 +261,7 @@ def qmatmul_tiled(
     for task in numba.prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         n0 = task * ROWS_PER_TASK
         count = min(num_out, n0 + ROWS_PER_TASK) - n0
-        w = _aligned_scratch(ROWS_PER_TASK, num_in)
+        w = aligned_scratch(ROWS_PER_TASK, num_in)
         for r in range(count):
             decode_into(kind, blocks, n0 + r, w, r)  # type: ignore[call-arg]
         _apply_rows(w, 0, count, x, out, n0)
