@@ -19,7 +19,8 @@ are decoded once per super-block, all sub-blocks' at once in vector registers:
 
 With AVX-512 (:func:`~pagedattn.kernels.target.has_wide_registers`), the only host-specific
 code here: a Q4_K sub-block's (or a Q4_0 / Q4_1 block's) 16 possible weights are computed
-once, by the same ``fma``, and each input's weight is looked up by its code (``vpermps``), and
+once, by the same ``fma`` (a Q5_0 / Q5_1 block's 32, as two tables of 16), and each input's
+weight is looked up by its code (``vpermps``), and
 the per-sub-block scales are
 splatted from a stack slot (broadcast loads) rather than shuffled out of registers. The values
 are the same on every path; only the instruction count differs.
@@ -39,7 +40,9 @@ from pagedattn.model.block_ir import (
     LAYOUT,
     SHAPES,
     VF,
+    WIDENED_FIELDS,
     decoded_block,
+    float_at,
     half_at,
     scale_offset,
 )
@@ -84,6 +87,8 @@ class _Simple:
     def group(self, g: int) -> list[ir.Value]:
         if self._kind in (0, 1) and has_wide_registers():
             return _looked_up_nibbles(self._builder, self._kind, self._block)
+        if self._kind in (3, 4) and has_wide_registers():
+            return _looked_up_q5(self._builder, self._kind, self._block)
         return decoded_block(self._builder, self._kind, self._block)
 
 
@@ -131,6 +136,7 @@ def _looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Va
 
 
 _CODES16 = ir.Constant(VF, [float(q) for q in range(LANES)])
+_CODES16_LESS_8 = ir.Constant(VF, [float(q - 8) for q in range(LANES)])
 
 
 def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
@@ -140,12 +146,51 @@ def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> lis
     input 16 + j (high); ``vpermps`` reads an index's low 4 bits only, so the low nibbles
     need no mask."""
     d, m = scale_offset(builder, kind, block)
-    table = fma(builder, splat(builder, d, LANES), _CODES16, splat(builder, m, LANES))
+    if kind == 0:  # d * (code - 8): the same correctly rounded value as fma(d, code, -8 * d)
+        table = builder.fmul(splat(builder, d, LANES), _CODES16_LESS_8)
+    else:
+        table = fma(builder, splat(builder, d, LANES), _CODES16, splat(builder, m, LANES))
     ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
     raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
     codes = builder.zext(raw, _V16I32)
     high = builder.lshr(codes, _ints([4] * LANES))
     return [_looked_up(builder, table, codes), _looked_up(builder, table, high)]
+
+
+_CODES16_LESS_16 = ir.Constant(VF, [float(q - 16) for q in range(LANES)])
+_CODES16_PLUS_16 = ir.Constant(VF, [float(q + 16) for q in range(LANES)])
+
+
+def _looked_up_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+    """A Q5_0 / Q5_1 block's 32 weights with AVX-512: the 16 weights of the codes without
+    their fifth bit and the 16 with it, computed once by the operations
+    :func:`~pagedattn.model.block_ir.decoded_block` applies to each input (Q5_0's
+    ``d * (code - 16)``, Q5_1's ``fma(d, code, m)``), then each input's looked up in one table
+    or the other by its low nibble, as its bit of ``qh`` says (byte j of the codes holds input
+    j's low nibble and input 16 + j's; bit j of ``qh`` is input j's fifth bit)."""
+    header = 4 * WIDENED_FIELDS[kind]
+    d = splat(builder, float_at(builder, block, 0), LANES)
+    if kind == 3:
+        tables = (builder.fmul(d, _CODES16_LESS_16), builder.fmul(d, _CODES16))
+    else:
+        m = splat(builder, float_at(builder, block, 4), LANES)
+        tables = (fma(builder, d, _CODES16, m), fma(builder, d, _CODES16_PLUS_16, m))
+    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
+    qh = builder.load(qh_ptr, align=1)
+    one = builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), qh, I32(0))
+    qh_v = builder.shuffle_vector(one, one, mask([0] * LANES))
+    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
+    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+    codes = builder.zext(raw, _V16I32)
+    out = []
+    for step, index in enumerate((codes, builder.lshr(codes, _ints([4] * LANES)))):
+        bits = _ints(
+            [(1 << j) - (1 << 32 if j == 31 else 0) for j in range(16 * step, 16 * step + 16)]
+        )
+        fifth = builder.icmp_unsigned("!=", builder.and_(qh_v, bits), _ints([0] * LANES))
+        low, high = (_looked_up(builder, table, index) for table in tables)
+        out.append(builder.select(fifth, high, low))
+    return out
 
 
 class _Lanes:
