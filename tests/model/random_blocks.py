@@ -41,3 +41,14 @@ def random_blocks(
         d = raw[:, :, 0:2].copy().view(np.float16).astype(np.float32)
         raw[:, :, 2:4] = (_CENTRES[qtype] * d).astype(np.float16).view(np.uint8)
     return raw.reshape(n, -1)
+
+
+def blocks_by_row(kernel_blocks: np.ndarray, size: int) -> np.ndarray:
+    """(rows, blocks per row, ``size``) bytes of a matrix in the kernels' layout, each row's
+    blocks in order: the layout undone by hand (rows in groups of four when their count is a
+    multiple of four, block ``b`` of a group's rows side by side; rows in order otherwise)."""
+    rows = kernel_blocks.shape[0]
+    flat = kernel_blocks.reshape(-1, size)
+    if rows % 4:
+        return flat.reshape(rows, -1, size)
+    return flat.reshape(rows // 4, -1, 4, size).transpose(0, 2, 1, 3).reshape(rows, -1, size)

@@ -15,6 +15,7 @@ from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import LoadedModel, load_model
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 from tests.model.paging import PagedSequences
+from tests.model.random_blocks import blocks_by_row
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
 
@@ -27,7 +28,7 @@ def test_block_form_dequantizes_bit_exactly(qtype: Q) -> None:
     assert block.blocks.dtype == np.uint8 and block.shape == (40, 96)
     # the kernels' layout: the float16 scale widened to float32, then the codes as in the file
     file_blocks = raw.reshape(40, 3, -1)
-    kernel_blocks = block.blocks.reshape(40, 3, -1)
+    kernel_blocks = blocks_by_row(block.blocks, block.blocks.shape[1] // 3)
     scales = np.ascontiguousarray(file_blocks[:, :, :2]).view(np.float16).astype(np.float32)
     np.testing.assert_array_equal(
         np.ascontiguousarray(kernel_blocks[:, :, :4]).view(np.float32), scales

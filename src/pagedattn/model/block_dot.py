@@ -20,8 +20,9 @@ definition:
 
 * :func:`qmatmul_blocks` decodes each block in registers, four output rows side by side, and
   meets up to ``DECODE_COLS`` activation rows with it (decode steps and their verify rows,
-  where decoding the weights costs more than the multiply-adds); it prefetches the rows two
-  tiles ahead, since interleaved rows defeat the hardware stream prefetcher;
+  where decoding the weights costs more than the multiply-adds); the four rows' blocks lie side
+  by side (:func:`~pagedattn.model.block_ir.block_ptr`), one stream of bytes, and it prefetches
+  the rows two tiles ahead;
 * :func:`~pagedattn.model.block_tiles.qmatmul_tiled` decodes a task's rows once into a float32
   scratch that every activation row then meets in register tiles (prefill, batches).
 
@@ -47,7 +48,7 @@ import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector, prefetch
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder, prefetch_offsets
-from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind, kinds_of
+from pagedattn.model.block_ir import LANES, SHAPES, VF, block_ptr, by_kind, kinds_of
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
@@ -103,17 +104,16 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(elements))
-                    start = builder.mul(b, i64(size))
                     decoders = []
                     for r in range(rows):
                         n = builder.add(n_first, i64(r))
-                        # the next tile's rows: interleaved rows defeat the stream prefetcher
-                        ahead = builder.add(n, i64(2 * rows))
+                        # the rows two tiles ahead
+                        ahead = block_ptr(builder, b_arr, builder.add(n, i64(2 * rows)), b, size)
                         for line in prefetch_offsets(kind):
-                            prefetch(
-                                builder, b_arr.ptr(builder, ahead, builder.add(start, i64(line)))
-                            )
-                        decoders.append(decoder(builder, kind, b_arr.ptr(builder, n, start)))
+                            prefetch(builder, builder.gep(ahead, [i64(line)]))
+                        decoders.append(
+                            decoder(builder, kind, block_ptr(builder, b_arr, n, b, size))
+                        )
                     out = list(accs)
                     for g in range(decoders[0].groups):
                         at = builder.add(k, i64(GROUP * g))

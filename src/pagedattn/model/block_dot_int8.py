@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 from pagedattn.kernels.simd_ir import F32, Arr2D, carried_loop, fma, hsum, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, by_kind, scale_offset
+from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, block_ptr, by_kind, scale_offset
 from pagedattn.model.int8_ir import (
     PAIR_BYTES,
     PAIR_LANES,
@@ -122,9 +122,11 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     codes, scales, offsets = [], [], []
                     for r in range(rows):
                         n = builder.add(n_first, i64(r))
-                        start = builder.mul(b, i64(size))
-                        block = b_arr.ptr(builder, n, start)
-                        prefetch(builder, b_arr.ptr(builder, builder.add(n, i64(2 * rows)), start))
+                        block = block_ptr(builder, b_arr, n, b, size)
+                        prefetch(
+                            builder,
+                            block_ptr(builder, b_arr, builder.add(n, i64(2 * rows)), b, size),
+                        )
                         codes.append(block_codes(builder, kind, builder.gep(block, [i64(header)])))
                         d, m = scale_offset(builder, kind, block)
                         scales.append(d)

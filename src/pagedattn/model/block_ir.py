@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from pagedattn.kernels.half_ir import widen_half_bits
-from pagedattn.kernels.simd_ir import F32, I8, I32, fma, mask, splat
+from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, fma, mask, splat
 
 BLOCK = 32
 LANES = 16  # float32 accumulator lanes per (output, input row): one zmm, or two ymm
@@ -53,6 +53,30 @@ INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read
 LAYOUT = {0: (20, 4, True), 1: (24, 8, True), 2: (36, 4, False)}
 
 VF = ir.VectorType(F32, LANES)
+
+# Rows interleaved by groups: in a matrix whose row count is a multiple of ROW_GROUP, block
+# ``b`` of rows ``4g .. 4g + 3`` lie side by side (row ``4g``'s, then ``4g + 1``'s, ...), so a
+# register tile of those rows reads one stream of bytes (repack_blocks lays them out). Rows of
+# other row counts stay one after the other.
+ROW_GROUP = 4
+
+
+def interleaved(rows: int) -> bool:
+    """Whether a matrix of ``rows`` rows is stored in groups of :data:`ROW_GROUP` rows."""
+    return rows % ROW_GROUP == 0
+
+
+def block_ptr(
+    builder: ir.IRBuilder, blocks: Arr2D, row: ir.Value, block: ir.Value, size: int
+) -> ir.Value:
+    """Address (i8*) of block ``block`` of row ``row`` in ``blocks`` (the kernels' layout:
+    :data:`ROW_GROUP`-row groups where the row count allows, :func:`interleaved`)."""
+    i64 = row.type
+    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    within = builder.select(grouped, builder.and_(row, i64(ROW_GROUP - 1)), i64(0))
+    per_block = builder.select(grouped, i64(ROW_GROUP), i64(1))
+    slot = builder.add(builder.mul(block, per_block), within)
+    return blocks.ptr(builder, builder.sub(row, within), builder.mul(slot, i64(size)))
 
 
 #: with ``PAGEDATTN_ALL_BLOCK_KINDS=1`` every kind set is the set of all kinds: one compiled

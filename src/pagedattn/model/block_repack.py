@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from pagedattn.kernels.numba_runtime import install as install_numba_runtime
-from pagedattn.model.block_ir import FILE_SHAPES, SHAPES, WIDENED_FIELDS
+from pagedattn.model.block_ir import FILE_SHAPES, ROW_GROUP, SHAPES, WIDENED_FIELDS, interleaved
 from pagedattn.model.mapped_pages import release_pages
 
 # The loader runs this module's kernel first of all: Numba's runtime must be the cached one
@@ -41,21 +41,26 @@ def _half_table() -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _widen(raw16, rows, out16, out32, table, size, wide, fields):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Row ``i`` of the output is row ``rows[i]`` of the input, each block with its ``fields``
-    float16 at its start widened to float32 (by ``table``), then its other bytes copied (all
-    block sizes and fields are whole 16-bit words). ``raw16`` is the file's rows as uint16,
-    ``out16`` / ``out32`` the new rows as uint16 / uint32."""
+def _widen(raw16, rows, r0, r1, out16, out32, table, size, wide, fields, group):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Output rows ``r0 .. r1`` (``r0`` a multiple of ``group``): row ``i`` is row ``rows[i]``
+    of the input, each block with its ``fields`` float16 at its start widened to float32 (by
+    ``table``), then its other bytes copied (all block sizes and fields are whole 16-bit
+    words), and placed as the kernels read it: block ``b`` of row ``i`` in slot
+    ``b * group + i % group`` of its group of ``group`` rows. ``raw16`` is the file's rows as
+    uint16, ``out16`` / ``out32`` the whole output as flat uint16 / uint32."""
     num_blocks = raw16.shape[1] * 2 // size
     src_words, dst_words, rest = size // 2, wide // 2, (size - 2 * fields) // 2
-    for i in range(rows.shape[0]):
-        src_row, dst_row, dst32 = raw16[rows[i]], out16[i], out32[i]
+    row_words = num_blocks * dst_words
+    for i in range(r0, r1):
+        src_row = raw16[rows[i]]
+        within = i % group
+        first = (i - within) * row_words + within * dst_words
         for b in range(num_blocks):
-            src, dst = b * src_words, b * dst_words
+            src, dst = b * src_words, first + b * group * dst_words
             for f in range(fields):
-                dst32[dst // 2 + f] = table[src_row[src + f]]
+                out32[dst // 2 + f] = table[src_row[src + f]]
             codes_src = src_row[src + fields : src + src_words]
-            codes_dst = dst_row[dst + 2 * fields :]
+            codes_dst = out16[dst + 2 * fields :]
             for j in range(rest):
                 codes_dst[j] = codes_src[j]
 
@@ -63,28 +68,34 @@ def _widen(raw16, rows, out16, out32, table, size, wide, fields):  # type: ignor
 def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) -> np.ndarray:
     """The kernels' layout of ``raw`` (rows of the file's ``kind`` blocks, C-contiguous uint8
     (n, bytes per row)): a new array with each block's float16 header fields widened to
-    float32, or, for a kind without such fields (the K-quants), ``raw`` itself.
+    float32 and, where the row count is a multiple of :data:`~.block_ir.ROW_GROUP`, the rows
+    interleaved by groups (:func:`~.block_ir.block_ptr`); ``raw`` itself for a kind without
+    such fields (the K-quants) whose rows stay one after the other.
 
-    rows: the output's rows as indices into ``raw`` (to undo llama.cpp's q/k permutation),
-    in one copy; None: every row in order. The K-quants' rows are then a copy too.
+    rows: the output's rows as indices into ``raw`` (to undo llama.cpp's q/k permutation, or
+    one part of a fused tensor), in one copy; None: every row in order.
 
     The conversion is exact (every float16 is a float32), so every weight the kernels decode
     is the value ``gguf.quants.dequantize`` gives, bit for bit."""
     fields = WIDENED_FIELDS.get(kind, 0)
-    if not fields:
-        return raw if rows is None else np.ascontiguousarray(raw[rows])
-    size, wide = FILE_SHAPES[kind][1], SHAPES[kind][1]
     order = np.arange(raw.shape[0]) if rows is None else np.asarray(rows, np.int64)
-    out = np.empty((order.shape[0], raw.shape[1] // size * wide), np.uint8)
-    raw16, out16, out32 = raw.view(np.uint16), out.view(np.uint16), out.view(np.uint32)
+    n = order.shape[0]
+    group = ROW_GROUP if interleaved(n) else 1
+    if not fields and group == 1:
+        return raw if rows is None else np.ascontiguousarray(raw[order])
+    size, wide = FILE_SHAPES[kind][1], SHAPES[kind][1]
+    out = np.empty((n, raw.shape[1] // size * wide), np.uint8)
+    flat = out.reshape(-1)
+    out32 = flat.view(np.uint32) if fields else np.empty(0, np.uint32)
     table = _half_table()
     # a chunk of rows at a time; in file order, the file's pages of each chunk are handed
     # back once copied (for a view of a mapped file; nothing otherwise), so that a matrix's
     # load never holds both whole copies
-    step = max(1, CHUNK_BYTES // max(1, raw.shape[1]))
-    for r0 in range(0, order.shape[0], step):
-        r1 = min(order.shape[0], r0 + step)
-        _widen(raw16, order[r0:r1], out16[r0:r1], out32[r0:r1], table, size, wide, fields)
+    step = max(group, CHUNK_BYTES // max(1, raw.shape[1]) // group * group)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        _widen(raw.view(np.uint16), order, r0, r1, flat.view(np.uint16), out32, table, size,
+               wide, fields, group)  # fmt: skip
         if rows is None:
             release_pages(raw[r0:r1])
     return out

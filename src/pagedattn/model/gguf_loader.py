@@ -293,18 +293,14 @@ def gguf_weights(
                 f"tensor {tensor.name!r} has shape {shape}; its parts need {parts[-1][2]} rows"
             )
         blocks = kind in QUANTIZED_TYPES and len(shape) == 2
-        whole: BlockQuantized | None = None  # the tensor's blocks in the file's row order
         for name, start, end, num_heads in parts:
             if blocks:
+                rows: np.ndarray | None = None  # the file's rows, in order
                 if num_heads is not None:  # q/k: rows reordered as they are copied
                     rows = reverse_permute(np.arange(shape[0])[:, None], num_heads)[:, 0]
-                    block = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]), rows)
-                else:
-                    whole = whole or from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
-                    block = whole
-                    if len(parts) > 1:  # a fused tensor's rows: a view of the whole
-                        block = BlockQuantized(whole.blocks[start:end], whole.type_name)
-                quantized[name] = block
+                elif len(parts) > 1:  # one part of a fused tensor, copied
+                    rows = np.arange(start, end)
+                quantized[name] = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]), rows)
                 lazy[name] = partial(to_float, tensor, (start, end), num_heads)
             else:  # the process's own copy (the file's pages are handed back below),
                 # read-only as the file's view was (the flag is part of a kernel's signature)

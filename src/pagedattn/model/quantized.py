@@ -49,14 +49,16 @@ DECODE_MAX_ROWS = DECODE_COLS
 
 @dataclass(frozen=True)
 class BlockQuantized:
-    """A (out_features, in_features) matrix as GGUF blocks: row ``n`` is ``blocks[n]``.
+    """A (out_features, in_features) matrix as GGUF blocks.
 
     Attributes:
-        blocks: (out_features, blocks per row * bytes per block) uint8 rows in the kernels'
-            layout (:data:`~pagedattn.model.block_ir.SHAPES`: the file's bytes for the K-quants,
-            a view of the memory-mapped GGUF where rows keep their order; the 32-input formats
-            with float32 header fields, :func:`~pagedattn.model.block_repack.repack_blocks`),
-            read-only.
+        blocks: (out_features, blocks per row * bytes per block) uint8 in the kernels' layout
+            (:func:`~pagedattn.model.block_repack.repack_blocks`): blocks of
+            :data:`~pagedattn.model.block_ir.SHAPES` (the 32-input formats with float32 header
+            fields, the K-quants as in the file) and, where out_features is a multiple of four,
+            rows interleaved by groups of four (:func:`~pagedattn.model.block_ir.block_ptr`);
+            otherwise row ``n`` is ``blocks[n]``, for the K-quants a view of the memory-mapped
+            GGUF where rows keep their order. Read-only.
         type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
         kernel_kinds: further block kinds the register-decode kernel reading this matrix is
             compiled for (a model gives each of its matrices the kinds of all of them, so that
