@@ -17,6 +17,7 @@ from pagedattn.kernels.fast_exp import exp_poly, exp_reduce
 from pagedattn.kernels.kv_dtype import load_f32
 from pagedattn.kernels.kv_int8 import row_scale
 from pagedattn.kernels.numba_consts import BLOCK_KEYS, FASTMATH, FASTMATH_ORDERED, NEG_INF
+from pagedattn.kernels.prefetch import prefetch_tile
 
 
 @njit(fastmath=FASTMATH_ORDERED, cache=True, nogil=True)
@@ -92,6 +93,11 @@ def _attend(
     for first in range(start // page_size, last_page + 1, block_pages):
         key0 = first * page_size  # keys [key0, key0 + block_pages * page_size) share one update
         key_end = min(first + block_pages, last_page + 1) * page_size
+        # the next block's keys and values: its pages start cold for the hardware prefetcher
+        for pi in range(first + block_pages, min(first + 2 * block_pages, last_page + 1)):
+            if table_row[pi] >= 0:
+                prefetch_tile(k_cache, table_row[pi], g)  # type: ignore[call-arg]
+                prefetch_tile(v_cache, table_row[pi], g)  # type: ignore[call-arg]
         for r in range(num_rows):
             k0 = max(max(row_lo[r], start), key0)
             k1 = min(min(row_hi[r], end), key_end)

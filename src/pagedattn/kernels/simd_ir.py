@@ -40,12 +40,13 @@ def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Valu
     return builder.call(fn, [a, b, c])
 
 
-def prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
-    """Hint the cache line at ``ptr`` into L1 (``llvm.prefetch``; never faults)."""
+def prefetch(builder: ir.IRBuilder, ptr: ir.Value, locality: int = 3) -> None:
+    """Hint the cache line at ``ptr`` into cache (``llvm.prefetch``; never faults): locality 3
+    into L1 (x86 ``prefetcht0``), 2 into L2 (``prefetcht1``), 1 ``prefetcht2``."""
     i8p = I8.as_pointer()
     fnty = ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(ptr, i8p), I32(0), I32(3), I32(1)])
+    builder.call(fn, [builder.bitcast(ptr, i8p), I32(0), I32(locality), I32(1)])
 
 
 def hsum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
