@@ -3,9 +3,9 @@
 Run from a source checkout (the repository root). Our side is the package's bench worker
 (``pagedattn.bench.worker``: the same measurement as ``pagedattn bench generate`` / ``bench
 engine``); each peer runs in a process of its own through ``benchmarks/peers`` on the same
-model file, prompt ids and thread count. Every ratio is of figures measured in this run, each
-named comparison with its goal and met / NOT met; a peer that cannot run here (``llama_cpp``
-not importable, ``--no-hf``) is "not measured", never a stored number.
+model file, prompt ids and thread count. Every ratio is of figures measured in this run, ours
+over the peer's; a peer that cannot run here (``llama_cpp`` not importable, ``--no-hf``) is
+"not measured", never a stored number.
 
 * ``generate``: prefill / decode tok/s, peak RSS and KV of one stream vs HF transformers and
   llama.cpp (llama-cpp-python), and each side's fidelity to HF float32.

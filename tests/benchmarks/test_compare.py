@@ -31,8 +31,8 @@ def test_compare_generate_without_peers_says_each_is_not_measured(
     assert json.loads(out.read_text())["ours"]["generated"] == 3
     assert "llama.cpp: not measured" in result.stdout
     rows = [x for x in result.stdout.splitlines() if " vs " in x and "not measured:" in x]
-    # decode (and its stretch goal) vs llama.cpp, prefill vs HF and vs llama.cpp, RSS minus KV
-    assert len(rows) == 5  # every comparison of the generate run, none with a number
+    # decode vs llama.cpp, prefill vs HF and vs llama.cpp, RSS minus KV
+    assert len(rows) == 4  # every comparison of the generate run, none with a number
     assert "issue" not in result.stdout.lower()
 
 
@@ -63,7 +63,7 @@ def test_compare_generate_with_hf_on_the_tiny_gguf(
         assert hf[key] > 0
     ratio = ours["prefill_tok_s"] / hf["prefill_tok_s"]
     row = next(x for x in result.stdout.splitlines() if "prefill tok/s vs HF transformers" in x)
-    assert f"{ratio:.2f}x" in row and ">= 1.5x" in row and ("NOT met" in row) == (ratio < 1.5)
+    assert f"{ratio:.2f}x" in row and "met" not in row
     # the exact path agrees with HF: same first token, same greedy continuation
     assert "fidelity vs HF transformers float32" in result.stdout
     assert ours["greedy_ids"] == hf["greedy_ids"] and len(hf["greedy_ids"]) == 3

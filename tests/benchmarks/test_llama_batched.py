@@ -70,7 +70,6 @@ def test_compare_engine_prints_the_batched_peer_and_its_comparison(
     ratio = ours / figures["llamacpp_batched"]["main"]["generated_tok_s"]
     assert f"{ratio:.2f}x" in result.stdout  # ours / llama.cpp batched
     row = next(x for x in result.stdout.splitlines() if "vs llama.cpp (llama-batched-bench)" in x)
-    assert f"{ratio:.2f}x" in row and ">= 2.0x" in row
-    assert ("NOT met" in row) == (ratio < 2.0)
+    assert f"{ratio:.2f}x" in row and "met" not in row
     hf_row = next(x for x in result.stdout.splitlines() if "tok/s vs HF transformers" in x)
     assert "not measured: HF transformers did not run" in hf_row
