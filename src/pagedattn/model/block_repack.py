@@ -1,5 +1,5 @@
 """GGUF blocks as the matmul kernels read them: the 32-input formats' float16 header fields
-widened to float32 at load.
+widened to float32 at load, and every format's rows interleaved by groups of four.
 
 A Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 block (ggml ``ggml-common.h``) starts with a float16
 scale (and Q4_1's / Q5_1's float16 minimum). Read from the file's bytes, every block cost the
@@ -8,8 +8,9 @@ on a 135M model's decode step, six of the fifteen instructions of a Q4_1 block a
 activation row. Widened once at load (an exact conversion), the field is a float32 the kernel
 broadcasts straight from memory, or folds into a multiply-add's operand. This is the layout
 llama.cpp's repacked CPU formats (``block_q4_0x8``) take for the same reason: one made for the
-kernel, built once. The K-quants keep the file's bytes: their scales are decoded once per
-256 inputs.
+kernel, built once. The K-quants keep their blocks' bytes: their scales are decoded once per
+256 inputs. Every format's rows are interleaved by groups of four where the row count allows
+(:func:`~pagedattn.model.block_ir.block_ptr`), so that a tile of four rows is one stream.
 
 The layout of a widened block: the float32 fields where the float16 ones were, then the rest
 of the block's bytes unchanged (Q5's high bits, the codes). Sizes: :data:`~.block_ir.SHAPES`
@@ -70,7 +71,7 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     (n, bytes per row)): a new array with each block's float16 header fields widened to
     float32 and, where the row count is a multiple of :data:`~.block_ir.ROW_GROUP`, the rows
     interleaved by groups (:func:`~.block_ir.block_ptr`); ``raw`` itself for a kind without
-    such fields (the K-quants) whose rows stay one after the other.
+    such fields (the K-quants) in a row count that is not a multiple of four, ``rows`` None.
 
     rows: the output's rows as indices into ``raw`` (to undo llama.cpp's q/k permutation, or
     one part of a fused tensor), in one copy; None: every row in order.
