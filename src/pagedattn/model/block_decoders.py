@@ -40,10 +40,10 @@ from pagedattn.model.block_ir import (
     LAYOUT,
     SHAPES,
     VF,
-    WIDENED_FIELDS,
     decoded_block,
     float_at,
     half_at,
+    q5_fields,
     scale_offset,
 )
 
@@ -168,20 +168,13 @@ def _looked_up_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.
     ``d * (code - 16)``, Q5_1's ``fma(d, code, m)``), then each input's looked up in one table
     or the other by its low nibble, as its bit of ``qh`` says (byte j of the codes holds input
     j's low nibble and input 16 + j's; bit j of ``qh`` is input j's fifth bit)."""
-    header = 4 * WIDENED_FIELDS[kind]
     d = splat(builder, float_at(builder, block, 0), LANES)
     if kind == 3:
         tables = (builder.fmul(d, _CODES16_LESS_16), builder.fmul(d, _CODES16))
     else:
         m = splat(builder, float_at(builder, block, 4), LANES)
         tables = (fma(builder, d, _CODES16, m), fma(builder, d, _CODES16_PLUS_16, m))
-    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
-    qh = builder.load(qh_ptr, align=1)
-    one = builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), qh, I32(0))
-    qh_v = builder.shuffle_vector(one, one, mask([0] * LANES))
-    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
-    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
-    codes = builder.zext(raw, _V16I32)
+    qh_v, codes = q5_fields(builder, kind, block)
     out = []
     for step, index in enumerate((codes, builder.lshr(codes, _ints([4] * LANES)))):
         bits = _ints(

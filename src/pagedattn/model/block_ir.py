@@ -172,23 +172,27 @@ def decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.
     return [fma(builder, d, builder.sitofp(c, VF), m) for c in steps]
 
 
+def q5_fields(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """A Q5_0 / Q5_1 block's (kernels' layout) high bits ``qh`` (little-endian uint32) in every
+    lane of a <16 x i32>, and its 16 code bytes zero-extended to <16 x i32> (byte j: input j's
+    low nibble, input 16 + j's high one)."""
+    header = 4 * WIDENED_FIELDS[kind]
+    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
+    one = ir.Constant(ir.VectorType(I32, 1), ir.Undefined)
+    qh = builder.insert_element(one, builder.load(qh_ptr, align=1), I32(0))
+    qh_v = builder.shuffle_vector(qh, one, mask([0] * LANES))
+    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
+    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
+    return qh_v, builder.zext(raw, ir.VectorType(I32, LANES))
+
+
 def _decoded_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
     """Q5_0 (``d * (code - 16)``) or Q5_1 (``fma(d, code, m)``): the code of input j is the
     low (j < 16) or high nibble of byte ``j % 16`` of the codes, plus bit j of the
     little-endian uint32 ``qh`` as its fifth bit (ggml ``dequantize_row_q5_0`` / ``_q5_1``;
     ``d * code`` is exact, so both match ``gguf``'s float32 operations)."""
-    header = 4 * WIDENED_FIELDS[kind]
     i32x16 = ir.VectorType(I32, LANES)
-    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
-    qh = builder.load(qh_ptr, align=1)
-    qh_v = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), qh, I32(0)),
-        ir.Constant(ir.VectorType(I32, 1), ir.Undefined),
-        mask([0] * LANES),
-    )
-    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
-    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
-    wide = builder.zext(raw, i32x16)
+    qh_v, wide = q5_fields(builder, kind, block)
     nibbles = (
         builder.and_(wide, ir.Constant(i32x16, [15] * LANES)),
         builder.lshr(wide, ir.Constant(i32x16, [4] * LANES)),
