@@ -42,7 +42,7 @@ def _half_table() -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _widen(raw16, rows, r0, r1, out16, out32, table, size, wide, fields, group):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _repack_rows(raw16, rows, r0, r1, out16, out32, table, size, wide, fields, group):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Output rows ``r0 .. r1`` (``r0`` a multiple of ``group``): row ``i`` is row ``rows[i]``
     of the input, each block with its ``fields`` float16 at its start widened to float32 (by
     ``table``), then its other bytes copied (all block sizes and fields are whole 16-bit
@@ -86,8 +86,8 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
         return raw if rows is None else np.ascontiguousarray(raw[order])
     size, wide = FILE_SHAPES[kind][1], SHAPES[kind][1]
     out = np.empty((n, raw.shape[1] // size * wide), np.uint8)
-    flat = out.reshape(-1)
-    out32 = flat.view(np.uint32) if fields else np.empty(0, np.uint32)
+    raw16, out16 = raw.view(np.uint16), out.reshape(-1).view(np.uint16)
+    out32 = out.reshape(-1).view(np.uint32) if fields else np.empty(0, np.uint32)
     table = _half_table()
     # a chunk of rows at a time; in file order, the file's pages of each chunk are handed
     # back once copied (for a view of a mapped file; nothing otherwise), so that a matrix's
@@ -95,8 +95,7 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     step = max(group, CHUNK_BYTES // max(1, raw.shape[1]) // group * group)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        _widen(raw.view(np.uint16), order, r0, r1, flat.view(np.uint16), out32, table, size,
-               wide, fields, group)  # fmt: skip
+        _repack_rows(raw16, order, r0, r1, out16, out32, table, size, wide, fields, group)
         if rows is None:
             release_pages(raw[r0:r1])
     return out
