@@ -157,12 +157,14 @@ def test_parts_in_one_launch_equal_each_part_alone(
 def test_a_kind_set_names_its_kinds_in_its_type_and_refuses_others() -> None:
     import numba
 
-    marker = kind_set({KINDS["Q6_K"], KINDS["Q4_K"]})
-    assert set(kinds_of(numba.typeof(marker))) >= {5, 7}  # all kinds in the suite (conftest)
+    marker = kind_set({KINDS["Q6_K"], KINDS["Q4_1"]})
+    assert set(kinds_of(numba.typeof(marker))) >= {1, 7}  # all kinds in the suite (conftest)
     assert marker.size == 0 and not marker.flags.writeable
-    assert kind_set([7, 5]) is marker  # one array (and one compiled kernel) per set
+    assert kind_set([7, 1]) is marker  # one array (and one compiled kernel) per set
     with pytest.raises(ValueError, match="kind set"):
         kind_set({99})
+    with pytest.raises(ValueError, match="kind set"):  # Q4_K: the kernels read Q4_1 blocks
+        kind_set({KINDS["Q4_K"]})
     with pytest.raises(ValueError, match="kind set"):
         kind_set(())
 
@@ -175,7 +177,7 @@ from pagedattn.model.block_ir import kinds_of
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 data = np.load(sys.argv[1])
 out = {}
-for name in ("Q8_0", "Q4_K"):
+for name in ("Q8_0", "Q6_K"):
     w = from_gguf_blocks(data[name], name, tuple(data[name + "_shape"]))
     out[name] = qmatmul(data["x"], w)
 print(sorted(kinds_of(sig[5]) for sig in block_dot.qmatmul_blocks.signatures))
@@ -191,7 +193,7 @@ def test_by_default_a_kernel_holds_its_kinds_only_with_the_same_bits(tmp_path: P
     x = rng.standard_normal((2, 512)).astype(np.float32)
     arrays: dict[str, np.ndarray] = {"x": x}
     want = {}
-    for qtype in (Q.Q8_0, Q.Q4_K):
+    for qtype in (Q.Q8_0, Q.Q6_K):
         raw = random_blocks(qtype, (24, 512), rng)
         arrays[qtype.name], arrays[qtype.name + "_shape"] = raw, np.array([24, 512])
         want[qtype.name] = qmatmul(x, from_gguf_blocks(raw, qtype.name, (24, 512)))
@@ -203,7 +205,7 @@ def test_by_default_a_kernel_holds_its_kinds_only_with_the_same_bits(tmp_path: P
         [sys.executable, "-c", _OWN_KINDS, str(path)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[-2] == "[(2,), (5,)]"  # Q8_0 alone, Q4_K alone
+    assert done.stdout.split("\n")[-2] == "[(2,), (7,)]"  # Q8_0 alone, Q6_K alone
     got = np.load(path)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value)

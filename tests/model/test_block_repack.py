@@ -1,18 +1,21 @@
 """The kernels' layout of the 32-input block formats (model/block_repack.py): each float16
 header field widened to float32 (NumPy's conversion as the oracle, every bit pattern
 included), the rest of each block unchanged, rows interleaved in groups of four where their
-count allows; K-quant rows in any other count are left as the file's bytes."""
+count allows; Q6_K rows in any other count are left as the file's bytes; Q4_K / Q5_K
+super-blocks become Q4_1 / Q5_1 blocks of the same weights (``gguf``'s dequantization)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedattn.model.block_ir import FILE_SHAPES, KINDS, SHAPES
+from pagedattn.model.block_ir import FILE_SHAPES, KINDS, READ_AS, SHAPES
 from pagedattn.model.block_repack import repack_blocks
-from tests.model.random_blocks import blocks_by_row
+from tests.model.random_blocks import blocks_by_row, random_blocks
 
 # kind -> float16 fields at the start of its blocks (ggml-common.h: d; d and m for Q4_1, Q5_1)
 FIELDS = {KINDS["Q4_0"]: 1, KINDS["Q4_1"]: 2, KINDS["Q8_0"]: 1, KINDS["Q5_0"]: 1, KINDS["Q5_1"]: 2}
@@ -52,13 +55,12 @@ def test_every_float16_scale_widens_to_numpys_float32() -> None:
     np.testing.assert_array_equal(widened, expected)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
-def test_k_quants_keep_the_files_bytes_unless_rows_are_grouped(name: str) -> None:
-    size = FILE_SHAPES[KINDS[name]][1]
+def test_q6k_keeps_the_files_bytes_unless_rows_are_grouped() -> None:
+    size = FILE_SHAPES[KINDS["Q6_K"]][1]
     raw = np.random.default_rng(0).integers(0, 256, (6, 2 * size), dtype=np.uint8)
-    assert repack_blocks(raw, KINDS[name]) is raw
+    assert repack_blocks(raw, KINDS["Q6_K"]) is raw
     four = raw[:4]
-    grouped = repack_blocks(four, KINDS[name])
+    grouped = repack_blocks(four, KINDS["Q6_K"])
     assert not np.shares_memory(grouped, four)
     np.testing.assert_array_equal(blocks_by_row(grouped, size), four.reshape(4, 2, size))
     # block 1 of row 0 follows block 0 of rows 0-3: one stream for a tile of four rows
@@ -72,3 +74,29 @@ def test_reordered_rows_are_grouped_in_their_new_order() -> None:
     moved = blocks_by_row(repack_blocks(raw, kind, order), SHAPES[kind][1])
     np.testing.assert_array_equal(moved, blocks_by_row(repack_blocks(raw[order], kind), 36))
     np.testing.assert_array_equal(moved[:, :, 4:], raw[order].reshape(8, 3, size)[:, :, 2:])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [3, 8])
+def test_q4k_and_q5k_become_q4_1_and_q5_1_blocks_of_the_same_weights(qtype: Q, rows: int) -> None:
+    """Each 32-input sub-block becomes a Q4_1 / Q5_1 block of the kernels' layout (float32 d,
+    float32 m, Q5_1's 32 fifth bits, then byte j = input j's nibble | input 16 + j's << 4),
+    read here by ggml's Q4_1 / Q5_1 formula ``d * code + m``: ``gguf``'s weights, bit for bit."""
+    raw = random_blocks(qtype, (rows, 512), np.random.default_rng(rows))
+    kind = KINDS[qtype.name]
+    read_as = READ_AS[kind]
+    out = repack_blocks(raw, kind)
+    wide = SHAPES[read_as][1]
+    assert out.shape == (rows, 16 * wide)
+    blocks = blocks_by_row(out, wide)  # (rows, 16, wide)
+    d = np.ascontiguousarray(blocks[:, :, 0:4]).view(np.float32)
+    m = np.ascontiguousarray(blocks[:, :, 4:8]).view(np.float32)
+    header = 8 if read_as == KINDS["Q4_1"] else 12
+    packed = blocks[:, :, header:].astype(np.int64)
+    codes = np.concatenate([packed & 15, packed >> 4], axis=-1)  # inputs 0-15, then 16-31
+    if read_as == KINDS["Q5_1"]:
+        qh = np.ascontiguousarray(blocks[:, :, 8:12]).view(np.uint32).astype(np.int64)
+        codes = codes | (((qh >> np.arange(32)) & 1) << 4)
+    weights = d * codes.astype(np.float32) + m
+    want = dequantize(raw, qtype).reshape(rows, 16, 32)
+    np.testing.assert_array_equal(weights.view(np.uint32), want.view(np.uint32))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -26,6 +26,7 @@ from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 from pagedattn.sampling_params import SamplingParams
+from tests.model.random_blocks import random_blocks
 from tests.model.tiny import random_weights, tiny_config, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not has_avx2(), reason="int8 activations need AVX2")
@@ -65,6 +66,22 @@ def test_int8_path_is_w_times_the_q8_1_input(
     assert np.max(np.abs(got - want) / scale) < 1e-5
     for t in range(rows):  # batch-invariant on this path too
         np.testing.assert_array_equal(qmatmul(x[t : t + 1], w, activations="int8")[0], got[t])
+
+
+def test_q4k_meets_the_q8_1_input_as_q4_1_blocks() -> None:
+    """A Q4_K matrix is read as the Q4_1 blocks of its sub-blocks, so int8 activations apply
+    to it: ``gguf``'s dequantized weights times the q8_1 input, as for Q4_1."""
+    rng = np.random.default_rng(5)
+    raw = random_blocks(Q.Q4_K, (12, 512), rng, centred=True)
+    w = from_gguf_blocks(raw, "Q4_K", (12, 512))
+    dense = dequantize(raw, Q.Q4_K).reshape(12, 512).astype(np.float64)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[:, 5] *= 30
+    got = qmatmul(x, w, activations="int8")
+    want = _q8_1_dequantized(x) @ dense.T
+    scale = np.abs(x).astype(np.float64) @ np.abs(dense).T
+    assert np.max(np.abs(got - want) / scale) < 1e-5
+    assert not np.array_equal(got, qmatmul(x, w))  # not the exact path
 
 
 def test_float_parts_stay_exact_beside_int8_block_parts() -> None:

@@ -26,8 +26,10 @@ def test_decoded_weights_equal_gguf_bitwise(qtype: Q) -> None:
     raw = random_blocks(qtype, shape, rng)
     block = from_gguf_blocks(raw, qtype.name, shape)
     assert block.shape == shape
-    # K-quants: the file's bytes; Q5_0 / Q5_1: a copy with float32 scales (model/block_repack)
-    assert np.shares_memory(block.blocks, raw) == (qtype.name.endswith("_K"))
+    # Q6_K (19 rows, not interleaved): the file's bytes; the others a copy with float32 scales,
+    # Q4_K / Q5_K as the Q4_1 / Q5_1 blocks of their sub-blocks (model/block_repack)
+    assert np.shares_memory(block.blocks, raw) == (qtype == Q.Q6_K)
+    assert block.type_name == {Q.Q4_K: "Q4_1", Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
     want = dequantize(raw, qtype).reshape(shape)
     np.testing.assert_array_equal(_bits(block.dequantize()), _bits(want))
     rows = np.array([7, 0, 18, 7])  # the embedding lookup decodes only these rows
@@ -79,18 +81,19 @@ def test_mixed_parts_share_one_launch() -> None:
         np.testing.assert_array_equal(together, alone)
 
 
-def test_int8_activations_leave_kquants_exact() -> None:
-    """int8 activations apply to Q4_0 / Q4_1 / Q8_0 parts; a K-quant part beside one stays on
-    the exact path (the same bits as float32 activations)."""
+def test_int8_activations_leave_q5k_and_q6k_exact() -> None:
+    """int8 activations apply to Q4_0 / Q4_1 / Q8_0 parts (and Q4_K, held as Q4_1); a Q5_K or
+    Q6_K part beside one stays on the exact path (the same bits as float32 activations)."""
     pytest.importorskip("pagedattn.model.block_dot_int8")
     from pagedattn.model.block_dot_int8 import int8_unsupported
 
     if int8_unsupported() is not None:
         pytest.skip("int8 activations need AVX2")
     rng = np.random.default_rng(4)
-    k = from_gguf_blocks(random_blocks(Q.Q4_K, (16, 256), rng), "Q4_K", (16, 256))
+    k5 = from_gguf_blocks(random_blocks(Q.Q5_K, (16, 256), rng), "Q5_K", (16, 256))
+    k6 = from_gguf_blocks(random_blocks(Q.Q6_K, (8, 256), rng), "Q6_K", (8, 256))
     q8 = from_gguf_blocks(random_blocks(Q.Q8_0, (16, 256), rng), "Q8_0", (16, 256))
     x = rng.standard_normal((2, 256)).astype(np.float32)
-    mixed = qmatmul(x, k, q8, activations="int8")
-    np.testing.assert_array_equal(mixed[:, :16], qmatmul(x, k))
-    np.testing.assert_array_equal(mixed[:, 16:], qmatmul(x, q8, activations="int8"))
+    mixed = qmatmul(x, k5, k6, q8, activations="int8")
+    np.testing.assert_array_equal(mixed[:, :24], qmatmul(x, k5, k6))
+    np.testing.assert_array_equal(mixed[:, 24:], qmatmul(x, q8, activations="int8"))

@@ -63,19 +63,21 @@ def test_kquant_file_loads_as_blocks(files: tuple[Path, Path, dict[str, Q]]) -> 
     assert set(loaded.quantized) == set(kinds)
     for name, qtype in kinds.items():
         block = loaded.quantized[name]
-        assert isinstance(block, BlockQuantized) and block.type_name == qtype.name, name
+        held_as = {Q.Q4_K: "Q4_1", Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
+        assert isinstance(block, BlockQuantized) and block.type_name == held_as, name
         rows, cols = expected_weight_shapes(CONFIG)[name]
-        # the kernels' layout: the file's bytes for the K-quants, float32 scales (and Q5_1's
-        # minimum) for the 32-input formats: 2 bytes more per float16 field
-        elements, size = {Q.Q4_K: (256, 144), Q.Q5_K: (256, 176), Q.Q6_K: (256, 210),
+        # the kernels' layout: the file's bytes for Q6_K; float32 scales (and Q5_1's minimum)
+        # for the 32-input formats, 2 bytes more per float16 field; Q4_K / Q5_K as Q4_1 / Q5_1
+        # blocks of float32 fields, one per 32-input sub-block
+        elements, size = {Q.Q4_K: (32, 24), Q.Q5_K: (32, 28), Q.Q6_K: (256, 210),
                           Q.Q5_0: (32, 22 + 2), Q.Q5_1: (32, 24 + 4)}[qtype]  # fmt: skip
         assert (
             block.blocks.dtype == np.uint8 and block.blocks.nbytes == rows * cols // elements * size
         )
-        # the file's own bytes where nothing moves: K-quant rows in their order, in a count
-        # that is not a multiple of four (rows in groups of four are interleaved: a copy)
+        # the file's own bytes where nothing moves: Q6_K rows in their order, in a count that
+        # is not a multiple of four (rows in groups of four are interleaved: a copy)
         reordered = name.endswith(("q_proj.weight", "k_proj.weight"))  # q/k rows: a copy
-        kept = qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) and not reordered and rows % 4 != 0
+        kept = qtype == Q.Q6_K and not reordered and rows % 4 != 0
         assert _memory_mapped(block.blocks) == kept, name
 
 

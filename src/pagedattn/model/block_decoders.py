@@ -3,27 +3,21 @@
 A decoder is made once per block (one row's block at the kernels' loop position) and hands out
 the block's inputs in groups of 32, as ``STEPS`` vectors of ``LANES`` float32 each, in input
 order, so the matmul kernels meet every format in the same lane order
-(:mod:`pagedattn.model.block_dot`). The 32-input formats (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) are one
-group, :func:`pagedattn.model.block_ir.decoded_block`. The K-quants are 256-input super-blocks
-(ggml ``ggml-common.h`` ``block_q4_K``, ``block_q5_K``, ``block_q6_K``; ``ggml-quants.c``
-``dequantize_row_q4_K`` and siblings; ``gguf.quants``' numpy code), eight groups whose scales
-are decoded once per super-block, all sub-blocks' at once in vector registers:
-
-* Q4_K / Q5_K: float16 ``d`` and ``dmin``, twelve bytes of 6-bit sub-block scales ``sc`` and
-  minima ``m`` (``get_scale_min_k4``), then the codes; ``w = (d * sc) * q - dmin * m``. In
-  float32 ``d * sc`` and ``dmin * m`` are exact (11 by 6 significant bits) and so is
-  ``(d * sc) * q``, so ``fma(d * sc, q, -(dmin * m))`` rounds once where ``gguf`` rounds its
-  final subtraction: the same bits.
-* Q6_K: 6-bit codes (low nibbles and 2 high bits) less 32, an int8 scale per 16 inputs and a
-  trailing float16 ``d``: ``w = (d * scale) * q``, both products exact.
+(:mod:`pagedattn.model.block_dot`). The 32-input formats (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, and the
+Q4_K / Q5_K sub-blocks the loader turns into Q4_1 / Q5_1 blocks,
+:mod:`pagedattn.model.block_repack`) are one group, :func:`pagedattn.model.block_ir.decoded_block`.
+Q6_K is a 256-input super-block (ggml ``ggml-common.h`` ``block_q6_K``; ``ggml-quants.c``
+``dequantize_row_q6_K``; ``gguf.quants``' numpy code), eight groups whose scales are decoded
+once per super-block, all sixteen at once in vector registers: 6-bit codes (low nibbles and 2
+high bits) less 32, an int8 scale per 16 inputs and a trailing float16 ``d``:
+``w = (d * scale) * q``, both products exact.
 
 With AVX-512 (:func:`~pagedattn.kernels.target.has_wide_registers`), the only host-specific
-code here: a Q4_K sub-block's (or a Q4_0 / Q4_1 block's) 16 possible weights are computed
-once, by the same ``fma`` (a Q5_0 / Q5_1 block's 32, as two tables of 16), and each input's
-weight is looked up by its code (``vpermps``), and
-the per-sub-block scales are
-splatted from a stack slot (broadcast loads) rather than shuffled out of registers. The values
-are the same on every path; only the instruction count differs.
+code here: a Q4_0 / Q4_1 block's 16 possible weights are computed once, by the same ``fma``
+(a Q5_0 / Q5_1 block's 32, as two tables of 16), and each input's weight is looked up by its
+code (``vpermps``), and Q6_K's per-sub-block scales are splatted from a stack slot (broadcast
+loads) rather than shuffled out of registers. The values are the same on every path; only the
+instruction count differs.
 """
 
 from __future__ import annotations
@@ -66,8 +60,6 @@ class Decoder(Protocol):
 
 def decoder(builder: ir.IRBuilder, kind: int, block: ir.Value) -> Decoder:
     """The decoder of the ``kind`` block at ``block`` (i8* at its first byte)."""
-    if kind in (5, 6):
-        return _Q45K(builder, kind, block)
     if kind == 7:
         return _Q6K(builder, block)
     return _Simple(builder, kind, block)
@@ -222,63 +214,6 @@ class _Lanes:
             raise IndexError(i)
         ptr = b.gep(self._slot, [ir.Constant(I32, 0), ir.Constant(I32, i)])
         return splat(b, b.load(ptr, align=4), LANES)
-
-
-class _Q45K:
-    """Q4_K (kind 5: d, dmin, scales[12], qs[128]) or Q5_K (kind 6: ... qh[32] before qs)."""
-
-    groups = 8
-
-    def __init__(self, builder: ir.IRBuilder, kind: int, block: ir.Value) -> None:
-        b = self._builder = builder
-        self._kind = kind
-        self._bytes = _Bytes(builder, block)
-        self._codes = 16 if kind == 5 else 48
-        ptr = b.gep(block, [ir.Constant(_I64, 4)])
-        raw = b.zext(b.load(b.bitcast(ptr, ir.VectorType(I8, 12).as_pointer()), align=1),
-                     ir.VectorType(I32, 12))  # fmt: skip
-        # sub-block j < 4: sc = s[j] & 63, m = s[j + 4] & 63; j >= 4:
-        # sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4
-        a = b.shuffle_vector(raw, raw, mask([0, 1, 2, 3, 8, 9, 10, 11]))
-        m_low = b.shuffle_vector(raw, raw, mask([4, 5, 6, 7, 8, 9, 10, 11]))
-        sc_top = b.shuffle_vector(raw, raw, mask([0, 1, 2, 3, 0, 1, 2, 3]))
-        m_top = b.shuffle_vector(raw, raw, mask([4, 5, 6, 7, 4, 5, 6, 7]))
-        low_bits = _ints([63] * 4 + [15] * 4)
-        top_bits = _ints([0] * 4 + [48] * 4)
-        two = _ints([2] * 8)
-        sc = b.or_(b.and_(a, low_bits), b.and_(b.lshr(sc_top, two), top_bits))
-        mn = b.lshr(m_low, _ints([0] * 4 + [4] * 4))
-        mn = b.or_(b.and_(mn, low_bits), b.and_(b.lshr(m_top, two), top_bits))
-        d, dmin = splat(b, half_at(b, block, 0), 8), splat(b, half_at(b, block, 2), 8)
-        scale = b.fmul(d, b.sitofp(sc, _V8F))  # d * sc, as gguf rounds it
-        dm = b.fmul(dmin, b.sitofp(mn, _V8F))
-        offset = b.fmul(dm, splat(b, F32(-1.0), 8))  # -(dmin * m), exactly
-        self._lanes = _Lanes(b, [scale, offset])
-
-    def group(self, g: int) -> list[ir.Value]:
-        b = self._builder
-        pair, high_nibble = divmod(g, 2)
-        scale, offset = self._lanes.splat(g), self._lanes.splat(8 + g)
-        out = []
-        if self._kind == 5 and has_wide_registers():
-            # the sub-block's 16 possible weights, each the fma below computes for its code,
-            # looked up per input by the code (vpermps reads only an index's low 4 bits)
-            table = fma(b, scale, _CODES16, offset)
-            for half in range(GROUP // LANES):
-                v = self._bytes.at(self._codes + GROUP * pair + LANES * half)
-                index = b.lshr(v, _ints([4] * LANES)) if high_nibble else v
-                out.append(_looked_up(b, table, index))
-            return out
-        for half in range(GROUP // LANES):
-            v = self._bytes.at(self._codes + GROUP * pair + LANES * half)
-            code = b.lshr(v, _ints([4] * LANES)) if high_nibble else b.and_(v, _ints([15] * LANES))
-            if self._kind == 6:  # bit g of qh[l] is the fifth bit of sub-block g's input l
-                qh = self._bytes.at(16 + LANES * half)
-                bit = b.and_(b.shl(b.lshr(qh, _ints([g] * LANES)), _ints([4] * LANES)),
-                             _ints([16] * LANES))  # fmt: skip
-                code = b.or_(code, bit)
-            out.append(fma(b, scale, b.sitofp(code, VF), offset))
-        return out
 
 
 class _Q6K:

@@ -5,7 +5,7 @@ computes it and on every CPU (any x86-64, aarch64):
 
 * weights are decoded as ``gguf.quants.dequantize`` computes them, bit for bit
   (:mod:`pagedattn.model.block_decoders`: ``fma(scale, code, offset)`` where ``scale * code``
-  is exact in float32, a K-quant's sub-block scales decoded once per 256-input super-block);
+  is exact in float32, Q6_K's sub-block scales decoded once per 256-input super-block);
 * ``LANES`` = 16 lane accumulators: lane ``l`` takes ``acc[l] = fma(w[k], x[k], acc[l])`` for
   ``k = l, l + 16, l + 32, ...`` in increasing ``k`` (a block of 32 inputs is two steps);
 * the lanes are summed by halving: ``acc[i] += acc[i + 8]``, then ``+ 4``, ``+ 2``, ``+ 1``.

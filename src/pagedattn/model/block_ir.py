@@ -4,14 +4,15 @@ The 32-input block formats are ggml's ``block_q4_0``, ``block_q4_1``, ``block_q8
 ``block_q5_0`` and ``block_q5_1`` (``ggml-common.h``): a float16 scale, Q4_1's / Q5_1's float16
 minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The kernels read them with
 those header fields widened to float32 at load (:mod:`pagedattn.model.block_repack`; sizes in
-:data:`SHAPES`, the file's in :data:`FILE_SHAPES`). The 256-input K-quant super-blocks are
+:data:`SHAPES`, the file's in :data:`FILE_SHAPES`); Q4_K and Q5_K super-blocks become eight
+Q4_1 / Q5_1 blocks there (:data:`READ_AS`). The 256-input Q6_K super-block is
 :mod:`pagedattn.model.block_decoders`', read as in the file. A kind is the runtime integer of
 :data:`KINDS`; an intrinsic that serves several kinds emits one variant per kind behind one
 switch on it (:func:`by_kind`), outside its loop over blocks, for the kinds a kernel is
 compiled for: those a :func:`kind_set` argument names in its type, so a model's kernels hold
 the variants of its own block types only (a kernel of every kind took four times as long to
 compile as one of one kind). Nothing here names a host-specific instruction: the float16
-fields the kernels still read (the K-quants') widen through
+fields the kernels still read (Q6_K's) widen through
 :func:`pagedattn.kernels.half_ir.widen_half_bits`.
 """
 
@@ -40,12 +41,17 @@ FILE_SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
 FILE_SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
 # kind -> float16 header fields (scale, minimum) that the kernels' layout holds as float32
 WIDENED_FIELDS = {0: 1, 1: 2, 2: 1, 3: 1, 4: 2}
+# Q4_K / Q5_K -> the kind whose blocks the kernels read them as: each 32-input sub-block is a
+# Q4_1 / Q5_1 block with float32 fields d * sc and -(dmin * m) (repack_blocks), the same
+# weights bit for bit
+READ_AS = {5: 1, 6: 4}
 # kind -> (inputs per block, bytes per block) as the kernels read them: the 32-input formats
-# with their float16 header fields widened to float32 at load (repack_blocks), the K-quants as
-# in the file (their scales are decoded once per 256 inputs)
+# with their float16 header fields widened to float32 at load (repack_blocks), Q6_K as in the
+# file (its scales are decoded once per 256 inputs)
 SHAPES = {
     kind: (inputs, size + 2 * WIDENED_FIELDS.get(kind, 0))
     for kind, (inputs, size) in FILE_SHAPES.items()
+    if kind not in READ_AS
 }
 NAMES = {kind: name for name, kind in KINDS.items()}
 INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read

@@ -248,10 +248,10 @@ def gguf_weights(
 
     Matrices of :data:`.quantized.SUPPORTED` types (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K) come back
     in block form, whose ``dequantize()`` equals the float32 weight bit for bit (see
-    :mod:`.quantized`): the K-quants as views of the memory-mapped file, the 32-input formats
-    and q/k rows (reordered) as copies. The float32 mapping holds the other tensors (copies)
-    and dequantizes a quantized one only when it is looked up. The file's pages of every copy
-    are handed back (:mod:`.mapped_pages`).
+    :mod:`.quantized`): copies in the kernels' layout (Q6_K in a row count that is not a
+    multiple of four as a view of the memory-mapped file). The float32 mapping holds the other
+    tensors (copies) and dequantizes a quantized one only when it is looked up. The file's
+    pages of every copy are handed back (:mod:`.mapped_pages`).
     Handles every type ``gguf.quants.dequantize`` knows (F32, F16, BF16, Q2_K, IQ4_NL...).
 
     Tensor names, fused tensors (split by rows) and the q/k un-permutation (only for families

@@ -4,9 +4,10 @@ A GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix is, per block of 32 inputs,
 ``w = scale * code + offset`` with float16 ``scale``/``offset`` and small integer codes (ggml
 ``ggml-common.h`` ``block_q4_0`` ...); a Q4_K / Q5_K / Q6_K matrix is made of 256-input
 super-blocks whose sub-blocks of 32 (16 for Q6_K) have 6- or 8-bit scales under a float16 one.
-:class:`BlockQuantized` keeps the blocks (K-quants: a view of the memory-mapped file; the
-32-input formats: a copy with their float16 scales widened to float32,
-:mod:`pagedattn.model.block_repack`; 0.59-1.13 bytes per weight, never a float32 matrix) and
+:class:`BlockQuantized` keeps the blocks (a copy with the 32-input formats' float16 scales
+widened to float32, Q4_K / Q5_K as Q4_1 / Q5_1 blocks of their 32-input sub-blocks, Q6_K as in
+the file, :mod:`pagedattn.model.block_repack`; 0.82-1.13 bytes per weight, never a float32
+matrix) and
 :func:`qmatmul` multiplies by them without
 expanding the matrix: the kernels of :mod:`pagedattn.model.block_dot` decode each block in
 registers (:mod:`pagedattn.model.block_decoders`, bit-identical to ``gguf.quants.dequantize``)
@@ -31,15 +32,24 @@ import numpy as np
 from pagedattn.config import ACTIVATIONS
 from pagedattn.kernels.aligned import aligned, empty_aligned
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
-from pagedattn.model.block_ir import FILE_SHAPES, INT8_KINDS, KINDS, LANES, SHAPES, kind_set
+from pagedattn.model.block_ir import (
+    FILE_SHAPES,
+    INT8_KINDS,
+    KINDS,
+    LANES,
+    NAMES,
+    READ_AS,
+    SHAPES,
+    kind_set,
+)
 from pagedattn.model.block_repack import repack_blocks
 from pagedattn.model.block_tiles import decode_into, matmul_float, qmatmul_tiled
 from pagedattn.model.row_ops import SERIAL_MAX_ROWS
 
 BLOCK = 32  # inputs per activation block of the int8 path
-# GGUF type -> (inputs per block, bytes per block)
-BLOCK_SHAPES = {name: SHAPES[kind] for name, kind in KINDS.items()}
-SUPPORTED = tuple(BLOCK_SHAPES)
+SUPPORTED = tuple(KINDS)  # the GGUF block types a matrix may come in
+# the block types the kernels read -> (inputs per block, bytes per block) in their layout
+BLOCK_SHAPES = {NAMES[kind]: shape for kind, shape in SHAPES.items()}
 ROWS_PER_TASK = 16  # output rows one thread applies to every input row (float weights)
 ROWS_PER_TILE = 32  # input rows applied to those outputs while they sit in cache
 # Up to this many rows, decode each block once in registers for all rows; past one register
@@ -55,11 +65,12 @@ class BlockQuantized:
         blocks: (out_features, blocks per row * bytes per block) uint8 in the kernels' layout
             (:func:`~pagedattn.model.block_repack.repack_blocks`): blocks of
             :data:`~pagedattn.model.block_ir.SHAPES` (the 32-input formats with float32 header
-            fields, the K-quants as in the file) and, where out_features is a multiple of four,
+            fields, Q6_K as in the file) and, where out_features is a multiple of four,
             rows interleaved by groups of four (:func:`~pagedattn.model.block_ir.block_ptr`);
-            otherwise row ``n`` is ``blocks[n]``, for the K-quants a view of the memory-mapped
+            otherwise row ``n`` is ``blocks[n]``, for Q6_K a view of the memory-mapped
             GGUF where rows keep their order. Read-only.
-        type_name: one of :data:`SUPPORTED` (``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``...).
+        type_name: the block type of that layout, a key of :data:`BLOCK_SHAPES` (``"Q4_0"``,
+            ``"Q6_K"``...; a Q4_K / Q5_K matrix is held as ``"Q4_1"`` / ``"Q5_1"`` blocks).
         kernel_kinds: further block kinds the register-decode kernel reading this matrix is
             compiled for (a model gives each of its matrices the kinds of all of them, so that
             they share one compiled kernel); the matrix's own kind is always included.
@@ -114,9 +125,9 @@ def kind_set_of(matrices: Iterable[BlockQuantized]) -> np.ndarray:
 def from_gguf_blocks(
     raw: np.ndarray, type_name: str, shape: tuple[int, int], rows: np.ndarray | None = None
 ) -> BlockQuantized:
-    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized`: a view of them for the
-    K-quants (nothing copied or read), the kernels' layout of them for the 32-input formats
-    (:func:`~pagedattn.model.block_repack.repack_blocks`).
+    """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized` in the kernels' layout
+    (:func:`~pagedattn.model.block_repack.repack_blocks`: Q4_K / Q5_K as Q4_1 / Q5_1 blocks;
+    a Q6_K matrix of a row count that is not a multiple of four a view of the bytes).
 
     Args:
         raw: uint8 tensor data, (out_features, bytes_per_row) or flat (e.g. the reader's memmap).
@@ -138,7 +149,8 @@ def from_gguf_blocks(
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // elements * size)
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
-    return BlockQuantized(repack_blocks(blocks, KINDS[type_name], rows), type_name)
+    kind = KINDS[type_name]
+    return BlockQuantized(repack_blocks(blocks, kind, rows), NAMES[READ_AS.get(kind, kind)])
 
 
 @numba.njit(error_model="numpy", cache=True, nogil=True)
@@ -238,10 +250,10 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
-            Q4_0 / Q4_1 / Q8_0 parts meet ``x`` quantized per 32-input block to int8, as
-            llama.cpp does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster,
-            within about 1% of the exact result; float parts and the other block types (Q5_0,
-            Q5_1, the K-quants) stay exact.
+            Q4_0 / Q4_1 / Q8_0 parts (and Q4_K, held as Q4_1) meet ``x`` quantized per
+            32-input block to int8, as llama.cpp does (:mod:`pagedattn.model.block_dot_int8`,
+            AVX2 or wider): faster, within about 1% of the exact result; float parts and the
+            other block types (Q5_0, Q5_1 and Q5_K, Q6_K) stay exact.
 
     Returns:
         (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
