@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, Arr2D, carried_loop, fma, hsum, prefetch, splat
+from pagedattn.kernels.simd_ir import F32, I32, Arr2D, carried_loop, fma, hsum, prefetch, splat
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, block_ptr, by_kind, scale_offset
@@ -73,9 +73,10 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation rows.
     Per (output, row) and block, :func:`pagedattn.model.int8_ir.quads` gives eight int32 sums
     and ``acc = fma(d * dx, float(sums), acc)`` takes them into eight float lanes, summed by
-    halving at the end, plus the offset term ``fma(offset, xs, off)``: the same operations
-    whatever ``rows``, ``cols`` and instruction set (on zmm, two output rows share a register,
-    each lane still its own row's sequence)."""
+    halving at the end, plus the offset term ``fma(offset, xs, off)`` (the tile's output rows
+    side by side in one vector per activation row): the same operations whatever ``rows``,
+    ``cols`` and instruction set (on zmm, two output rows share a register, each lane still its
+    own row's sequence)."""
     tile = rows * cols
 
     @intrinsic  # type: ignore[misc]
@@ -102,9 +103,13 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             groups = rows // 2 if wide else rows  # float accumulators per activation row
             zero = ir.Constant(V16F if wide else V8F, [0.0] * (16 if wide else 8))
 
+            # the offset terms: one <rows x float> per activation row (lane r: output row r)
+            row_lanes = ir.VectorType(F32, rows)
+            off_zero = ir.Constant(row_lanes, [0.0] * rows)
+
             def emit(kind: int) -> list[ir.Value]:
                 size, header, _ = LAYOUT[kind]
-                accs = [zero] * (groups * cols) + [F32(0.0)] * tile
+                accs = [zero] * (groups * cols) + [off_zero] * cols
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(BLOCK))
@@ -153,10 +158,11 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                             i = g * cols + c
                             vec[i] = fma(builder, ddx, builder.sitofp(sums, zero.type), vec[i])
                     if kind != 2:  # Q8_0 has no offset
-                        for r in range(rows):
-                            for c in range(cols):
-                                i = r * cols + c
-                                off[i] = fma(builder, offsets[r], sx[c], off[i])
+                        by_row = ir.Constant(row_lanes, ir.Undefined)
+                        for r, m in enumerate(offsets):
+                            by_row = builder.insert_element(by_row, m, I32(r))
+                        for c in range(cols):
+                            off[c] = fma(builder, by_row, splat(builder, sx[c], rows), off[c])
                     return vec + off
 
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
@@ -169,8 +175,12 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                         else:
                             lanes.append(accs[r * cols + c])
                 return [
-                    builder.fadd(hsum(builder, lanes[i]), accs[groups * cols + i])
-                    for i in range(tile)
+                    builder.fadd(
+                        hsum(builder, lanes[r * cols + c]),
+                        builder.extract_element(accs[groups * cols + c], I32(r)),
+                    )
+                    for r in range(rows)
+                    for c in range(cols)
                 ]
 
             sums = by_kind(builder, args[0], emit, INT8_KINDS)
