@@ -44,8 +44,6 @@ from pagedattn.model.block_ir import (
 GROUP = 32  # inputs per group
 _I64 = ir.IntType(64)
 _V16I32 = ir.VectorType(I32, LANES)
-_V8I32 = ir.VectorType(I32, 8)
-_V8F = ir.VectorType(F32, 8)
 
 
 class Decoder(Protocol):
