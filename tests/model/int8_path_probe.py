@@ -19,7 +19,7 @@ from gguf.quants import quantize
 
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 
-KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1)
 ROWS = (1, 2, 3, 5, 7)  # every kind of tile: 4, 2 and 1 activation rows (4: zmm paths)
 OUTPUTS = 23  # five tiles of four output rows and three leftover rows
 BLOCKS = 5

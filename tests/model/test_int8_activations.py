@@ -47,7 +47,7 @@ def _q8_1_dequantized(x: np.ndarray) -> np.ndarray:
     rows=st.integers(1, 9),
     out=st.integers(1, 37),
     blocks=st.integers(1, 5),
-    qtype=st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0]),
+    qtype=st.sampled_from([Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1]),
     seed=st.integers(0, 2**16),
 )
 def test_int8_path_is_w_times_the_q8_1_input(

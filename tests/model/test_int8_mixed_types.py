@@ -1,9 +1,9 @@
 """``activations="int8"`` on a file that mixes block types within a layer, as llama.cpp's Q4_K_M
-files do (Q5_0 or K-quant matrices beside Q8_0 ones): the fused decode step keeps running, each
-matrix on the path :func:`~pagedattn.model.quantized.qmatmul` gives it (int8 inputs for Q4_0 /
-Q4_1 / Q8_0 and Q4_K, exact float32 for the others), bitwise equal to the step-by-step forward;
-a file whose every matrix is of a type the int8 kernels do not read gives the exact path's
-logits and text."""
+files do (Q6_K matrices beside Q5_0 and Q8_0 ones): the fused decode step keeps running, each
+matrix on the path :func:`~pagedattn.model.quantized.qmatmul` gives it (int8 inputs for the
+32-input formats and Q4_K / Q5_K, exact float32 for Q6_K), bitwise equal to the step-by-step
+forward; a file whose every matrix is of a type the int8 kernels do not read gives the exact
+path's logits and text."""
 
 from __future__ import annotations
 
@@ -33,13 +33,10 @@ SCALES = {Q.Q4_0: 4e-3, Q.Q4_1: 4e-3, Q.Q8_0: 2e-4, Q.Q5_0: 4e-3, Q.Q5_1: 4e-3,
 # per layer, the types of q, k, v, o, gate, up, down: mixed groups (q|k|v and gate|up with parts
 # on both paths), a whole group on the int8 path, a whole group exact
 MIXED = (
-    (Q.Q5_0, Q.Q4_1, Q.Q8_0, Q.Q8_0, Q.Q6_K, Q.Q4_0, Q.Q4_K),
-    (Q.Q8_0, Q.Q8_0, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q4_K, Q.Q5_K),
+    (Q.Q6_K, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q6_K, Q.Q4_0, Q.Q4_K),
+    (Q.Q8_0, Q.Q8_0, Q.Q8_0, Q.Q6_K, Q.Q5_1, Q.Q4_K, Q.Q5_K),
 )
-NO_INT8 = (
-    (Q.Q5_0, Q.Q5_1, Q.Q6_K, Q.Q5_K, Q.Q5_K, Q.Q5_0, Q.Q6_K),
-    (Q.Q5_K, Q.Q5_0, Q.Q5_0, Q.Q5_1, Q.Q6_K, Q.Q6_K, Q.Q5_K),
-)
+NO_INT8 = ((Q.Q6_K,) * 7,) * 2
 ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -98,7 +95,7 @@ def test_mixed_types_keep_the_fused_step_bitwise_the_general_path(
     assert len(calls) == 6 * CONFIG.num_layers  # every decode step took the fused layer
     # each matrix's flag: int8 exactly for the types the int8 kernels read
     flags = [call[16] for call in calls[: CONFIG.num_layers]]  # decode_layer(..., int8, ...)
-    int8_types = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K)  # Q4_K: held as Q4_1 blocks
+    int8_types = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)  # all but Q6_K
     assert flags == [tuple(t in int8_types for t in row) for row in MIXED]
     np.testing.assert_array_equal(got, _decode_logits(plain, prompt, 6))
     # the int8 parts did meet int8 inputs: not the exact path's logits, but near them (random
@@ -132,9 +129,9 @@ def test_a_file_without_int8_types_gives_the_exact_path(
 
 @pytest.mark.model
 def test_the_real_qwen_q4_k_m_file_keeps_the_fused_int8_step() -> None:
-    """Qwen2.5-Coder-0.5B Q4_K_M (when pulled): its attn_v is Q8_0 in half the layers beside
-    Q5_0 q / k, the rest Q5_0 and K-quants; int8 decode steps take the fused layer, bitwise
-    the general path's."""
+    """Qwen2.5-Coder-0.5B Q4_K_M (when pulled): Q5_0, Q8_0 and Q4_K matrices on the int8 path
+    beside Q6_K ones (ffn_down in some layers) on the exact one; int8 decode steps take the
+    fused layer, bitwise the general path's."""
     from pagedattn.model.catalogue import resolve_model
 
     try:
@@ -146,8 +143,8 @@ def test_the_real_qwen_q4_k_m_file_keeps_the_fused_int8_step() -> None:
     plain = DecoderModel(loaded.config, loaded.weights, loaded.quantized, "int8",
                          fused_decode=False)  # fmt: skip
     flags = [layer.int8_flags() for layer in fused.layers]
-    assert {f[2] for f in flags} == {True, False}  # v: Q8_0 in some layers, Q5_0 in others
-    assert not any(f[0] or f[1] or f[3] for f in flags)  # q, k (Q5_0), o: exact
+    assert all(f[:6] == (True,) * 6 for f in flags)  # q, k, v, o, gate, up: Q5_0 / Q8_0 / Q4_K
+    assert {f[6] for f in flags} == {True, False}  # down: Q6_K in some layers
     prompt = loaded.tokenizer.encode("def quicksort(items):")
     outs = []
     for model in (fused, plain):

@@ -54,18 +54,24 @@ def _q8_1(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _weight_blocks(raw: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes (N, B, 32) in input order, float32 scales and offsets (N, B) of ggml's block_q4_0
     (f16 d, 16 bytes: input j low nibble, 16 + j high; offset -8 d), block_q4_1 (f16 d, f16 m,
-    16 bytes) or block_q8_0 (f16 d, 32 int8; no offset)."""
-    size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}[kind]
+    16 bytes), block_q8_0 (f16 d, 32 int8; no offset), block_q5_0 (f16 d, 32 bits qh: bit j
+    input j's fifth bit, 16 bytes as Q4_0's; offset -16 d) or block_q5_1 (f16 d, f16 m, qh,
+    16 bytes)."""
+    size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24}[kind]
     blocks = raw.reshape(raw.shape[0], -1, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if kind == Q.Q8_0:
         return blocks[..., 2:].view(np.int8).astype(np.int64), d, np.zeros_like(d)
-    header = 4 if kind == Q.Q4_1 else 2
+    with_min = kind in (Q.Q4_1, Q.Q5_1)
+    header = (4 if with_min else 2) + (4 if kind in (Q.Q5_0, Q.Q5_1) else 0)
     packed = blocks[..., header:].astype(np.int64)
     codes = np.concatenate([packed & 15, packed >> 4], axis=-1)
-    if kind == Q.Q4_1:
+    if kind in (Q.Q5_0, Q.Q5_1):
+        qh = blocks[..., header - 4 : header].copy().view(np.uint32)[..., 0].astype(np.int64)
+        codes = codes | (((qh[..., None] >> np.arange(32)) & 1) << 4)
+    if with_min:
         return codes, d, blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    return codes, d, d * np.float32(-8)
+    return codes, d, d * np.float32(-8 if kind == Q.Q4_0 else -16)
 
 
 def _by_hand(x: np.ndarray, raw: np.ndarray, kind: Q) -> np.ndarray:

@@ -81,9 +81,9 @@ def test_mixed_parts_share_one_launch() -> None:
         np.testing.assert_array_equal(together, alone)
 
 
-def test_int8_activations_leave_q5k_and_q6k_exact() -> None:
-    """int8 activations apply to Q4_0 / Q4_1 / Q8_0 parts (and Q4_K, held as Q4_1); a Q5_K or
-    Q6_K part beside one stays on the exact path (the same bits as float32 activations)."""
+def test_int8_activations_leave_q6k_exact() -> None:
+    """int8 activations apply to every 32-input format (and Q4_K / Q5_K, held as Q4_1 / Q5_1);
+    a Q6_K part beside one stays on the exact path (the same bits as float32 activations)."""
     pytest.importorskip("pagedattn.model.block_dot_int8")
     from pagedattn.model.block_dot_int8 import int8_unsupported
 
@@ -92,8 +92,8 @@ def test_int8_activations_leave_q5k_and_q6k_exact() -> None:
     rng = np.random.default_rng(4)
     k5 = from_gguf_blocks(random_blocks(Q.Q5_K, (16, 256), rng), "Q5_K", (16, 256))
     k6 = from_gguf_blocks(random_blocks(Q.Q6_K, (8, 256), rng), "Q6_K", (8, 256))
-    q8 = from_gguf_blocks(random_blocks(Q.Q8_0, (16, 256), rng), "Q8_0", (16, 256))
     x = rng.standard_normal((2, 256)).astype(np.float32)
-    mixed = qmatmul(x, k5, k6, q8, activations="int8")
-    np.testing.assert_array_equal(mixed[:, :24], qmatmul(x, k5, k6))
-    np.testing.assert_array_equal(mixed[:, 24:], qmatmul(x, q8, activations="int8"))
+    mixed = qmatmul(x, k6, k5, activations="int8")
+    np.testing.assert_array_equal(mixed[:, :8], qmatmul(x, k6))
+    np.testing.assert_array_equal(mixed[:, 8:], qmatmul(x, k5, activations="int8"))
+    assert not np.array_equal(mixed[:, 8:], qmatmul(x, k5))  # Q5_K: the int8 path

@@ -3,12 +3,13 @@
 llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): each 32-input
 block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
 block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
-offset), the integer sums four inputs at a time from :func:`pagedattn.model.int8_ir.quads`
-(AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``, on ymm or zmm: whichever the target
-has, the same exact sums; at most 2 * 15 * 127 per byte pair for 4-bit codes, 2 * 127 * 127
-for Q8_0's, no saturation). Every (row, output) is the same sequence of operations for any
-row count and any of these instruction sets: batch invariance holds on this path too, and
-every x86 path gives the AVX2 path's bits.
+offset; Q4_0 / Q5_0: offset ``-8 d`` / ``-16 d`` on codes stored + 8 / + 16; Q5_0 / Q5_1 codes
+carry their fifth bit), the integer sums four inputs at a time from
+:func:`pagedattn.model.int8_ir.quads` (AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``,
+on ymm or zmm: whichever the target has, the same exact sums; at most 2 * 31 * 127 per byte
+pair for 4- and 5-bit codes, 2 * 127 * 127 for Q8_0's, no saturation). Every (row, output) is
+the same sequence of operations for any row count and any of these instruction sets: batch
+invariance holds on this path too, and every x86 path gives the AVX2 path's bits.
 
 These are the only kernels of the package that name host-specific instructions (x86 SIMD), so
 they live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is

@@ -54,9 +54,16 @@ SHAPES = {
     if kind not in READ_AS
 }
 NAMES = {kind: name for name, kind in KINDS.items()}
-INT8_KINDS = (0, 1, 2)  # the kinds the int8-activation kernels read
-# kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS
-LAYOUT = {0: (20, 4, True), 1: (24, 8, True), 2: (36, 4, False)}
+INT8_KINDS = (0, 1, 2, 3, 4)  # the kinds the int8-activation kernels read
+# kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS (Q5_0 /
+# Q5_1: nibbles, their fifth bits in the 4 bytes before them)
+LAYOUT = {
+    0: (20, 4, True),
+    1: (24, 8, True),
+    2: (36, 4, False),
+    3: (24, 8, True),
+    4: (28, 12, True),
+}
 
 VF = ir.VectorType(F32, LANES)
 
@@ -133,13 +140,13 @@ def float_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
 
 def scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.Value, ir.Value]:
     """A 32-input block's float32 scale and offset, read from its own bytes (``block``: i8* at
-    its first byte, the kernels' layout): the scale, then Q4_1's minimum, Q4_0's ``-8 * scale``
-    (its codes are stored + 8; exact) or Q8_0's 0."""
+    its first byte, the kernels' layout): the scale, then Q4_1's / Q5_1's minimum, Q4_0's
+    ``-8 * scale`` or Q5_0's ``-16 * scale`` (codes stored + 8 / + 16; exact) or Q8_0's 0."""
     d = float_at(builder, block, 0)
-    if kind == 1:
+    if kind in (1, 4):
         return d, float_at(builder, block, 4)
-    if kind == 0:
-        return d, builder.fmul(d, F32(-8.0))
+    if kind in (0, 3):
+        return d, builder.fmul(d, F32(-8.0 if kind == 0 else -16.0))
     return d, F32(0.0)
 
 

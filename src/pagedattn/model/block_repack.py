@@ -18,7 +18,7 @@ exact), then the sub-block's codes in Q4_1's / Q5_1's order. ``dequantize_row_q4
 ``(d * sc) * q - dmin * m``, and the Q4_1 kernels ``fma(d * sc, q, -(dmin * m))``: the product
 is exact, so both round once, the same weight. Decoding the scales once at load, where the
 kernels decoded them per super-block, makes a Qwen2.5-1.5B Q4_K matrix 1.2x faster exact and
-1.7x faster with int8 activations (the int8 kernels read Q4_1), for a third more bytes (24
+1.7x faster with int8 activations (the int8 kernels read Q4_1, not Q4_K), for a third more bytes (24
 per 32 inputs against 18).
 
 The layout of a widened block: the float32 fields where the float16 ones were, then the rest

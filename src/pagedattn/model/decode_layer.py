@@ -25,9 +25,8 @@ The int8 path is chosen by the type of the ``int8`` argument (None: exact float3
 per-matrix flags: int8 activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`,
 and its x86 instructions, only into the specialisation that asks for it. With int8 activations
 each matrix takes the path :func:`~pagedattn.model.quantized.qmatmul` gives it: int8 inputs
-for the types the int8 kernels read (Q4_0, Q4_1 and the Q4_K held as it, Q8_0), exact float32
-for the others (Q5_0, Q5_1, Q6_K), so a Q4_K_M file, which mixes them within a layer, keeps the
-fused step.
+for the types the int8 kernels read (every block type but Q6_K), exact float32 for Q6_K, so a
+Q4_K_M file, which mixes them within a layer, keeps the fused step.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ def _project(  # pragma: no cover - replaced by the overload in kernels
 ) -> None:
     """``out = x @ concat(parts).T`` as :func:`pagedattn.model.quantized.qmatmul` does it for
     a decode step: parts on one path share one register-decode launch (int8: inputs quantized
-    on this thread); parts on different paths (an int8-capable part beside a Q5_0 or Q6_K
+    on this thread); parts on different paths (an int8-capable part beside a Q6_K
     one) each take their own launch, into their own columns, as ``qmatmul`` does.
 
     int8: None (every part exact) or the layer's per-matrix flags (:data:`INT8_MATRICES`),

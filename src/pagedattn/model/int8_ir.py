@@ -58,13 +58,28 @@ def int8_path() -> str:
 
 def block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
     """A block's 32 codes (i8* at the first) as <32 x i8>: Q8_0's as stored; 4-bit ones as
-    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31)."""
+    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31); Q5_0 / Q5_1's
+    with bit j of the 32 bits before them (input j's fifth bit) as 16 in byte j."""
     if kind == 2:
         return builder.load(builder.bitcast(codes, V32I8.as_pointer()), align=1)
     packed = builder.load(builder.bitcast(codes, V16I8.as_pointer()), align=1)
     lo = builder.and_(packed, ir.Constant(V16I8, [15] * 16))
     hi = builder.lshr(packed, ir.Constant(V16I8, [4] * 16))
-    return builder.shuffle_vector(lo, hi, mask(range(32)))
+    nibbles = builder.shuffle_vector(lo, hi, mask(range(32)))
+    if kind not in (3, 4):
+        return nibbles
+    qh_ptr = builder.gep(codes, [ir.Constant(ir.IntType(64), -4)])
+    qh = builder.load(builder.bitcast(qh_ptr, ir.VectorType(I8, 4).as_pointer()), align=1)
+    spread = builder.shuffle_vector(qh, qh, mask([j // 8 for j in range(32)]))  # byte j // 8
+    bit = builder.and_(
+        spread, ir.Constant(V32I8, [(1 << (j % 8)) - (256 if j % 8 == 7 else 0) for j in range(32)])
+    )
+    fifth = builder.select(
+        builder.icmp_unsigned("!=", bit, ir.Constant(V32I8, [0] * 32)),
+        ir.Constant(V32I8, [16] * 32),
+        ir.Constant(V32I8, [0] * 32),
+    )
+    return builder.or_(nibbles, fifth)
 
 
 def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:

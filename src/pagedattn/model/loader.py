@@ -52,9 +52,9 @@ class LoadedModel:
             tokenizer; a folder's digest covers config, weights and tokenizer files), part of
             the prefix-cache namespace.
         source: the file or folder it was loaded from.
-        quantized: GGUF Q4_0/Q4_1/Q8_0 matrices in exact block form, by HF name (a subset of
-            ``weights``, viewing the memory-mapped file; empty for float checkpoints).
-            LlamaModel multiplies with them directly.
+        quantized: GGUF block-quantized matrices in the kernels' layout
+            (:mod:`~pagedattn.model.block_repack`), by HF name (a subset of ``weights``; empty
+            for float checkpoints). The model multiplies with them directly.
     """
 
     config: ModelConfig

@@ -108,7 +108,7 @@ class BlockQuantized:
 
     @property
     def int8_capable(self) -> bool:
-        """Whether the int8-activation kernels read this format (Q4_0, Q4_1, Q8_0)."""
+        """Whether the int8-activation kernels read this format (every block type but Q6_K)."""
         return self.kind in INT8_KINDS
 
     def dequantize(self) -> np.ndarray:
@@ -250,10 +250,9 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
-            Q4_0 / Q4_1 / Q8_0 parts (and Q4_K, held as Q4_1) meet ``x`` quantized per
-            32-input block to int8, as llama.cpp does (:mod:`pagedattn.model.block_dot_int8`,
-            AVX2 or wider): faster, within about 1% of the exact result; float parts and the
-            other block types (Q5_0, Q5_1 and Q5_K, Q6_K) stay exact.
+            block-quantized parts but Q6_K meet ``x`` quantized per 32-input block to int8,
+            as llama.cpp does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster,
+            within about 1% of the exact result; float and Q6_K parts stay exact.
 
     Returns:
         (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
