@@ -88,9 +88,11 @@ def _project_by_path(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out
     impl: Any = project_int8
 
     def by_part(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+        # a missing part takes the previous one's flag (no branches: an inlined overload's
+        # conditional assignments trip Numba's SSA check into a warning at compile time)
         f0 = int8[first]
-        f1 = int8[first + 1] if num_parts > 1 else f0
-        f2 = int8[first + 2] if num_parts > 2 else f1
+        f1 = int8[first + min(1, num_parts - 1)]
+        f2 = int8[first + min(2, num_parts - 1)]
         if f0 and f1 and f2:
             impl(x, b0, b1, b2, kinds, num_parts, out)
         elif not (f0 or f1 or f2):
