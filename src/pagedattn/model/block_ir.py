@@ -55,14 +55,12 @@ SHAPES = {
 }
 NAMES = {kind: name for name, kind in KINDS.items()}
 INT8_KINDS = (0, 1, 2, 3, 4)  # the kinds the int8-activation kernels read
-# kind -> (bytes per block, bytes before the codes, 4-bit codes?) for the INT8_KINDS (Q5_0 /
-# Q5_1: nibbles, their fifth bits in the 4 bytes before them)
+Q5_KINDS = (3, 4)  # Q5_0 / Q5_1: 32 fifth bits between the header fields and the codes
+# kind -> (bytes per block, bytes before the codes, 4-bit codes?) of the 32-input formats in
+# the kernels' layout (Q5_0 / Q5_1: nibbles, their fifth bits in the 4 bytes before them)
 LAYOUT = {
-    0: (20, 4, True),
-    1: (24, 8, True),
-    2: (36, 4, False),
-    3: (24, 8, True),
-    4: (28, 12, True),
+    kind: (SHAPES[kind][1], 4 * fields + (4 if kind in Q5_KINDS else 0), kind != KINDS["Q8_0"])
+    for kind, fields in WIDENED_FIELDS.items()
 }
 
 VF = ir.VectorType(F32, LANES)
@@ -189,12 +187,12 @@ def q5_fields(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.Val
     """A Q5_0 / Q5_1 block's (kernels' layout) high bits ``qh`` (little-endian uint32) in every
     lane of a <16 x i32>, and its 16 code bytes zero-extended to <16 x i32> (byte j: input j's
     low nibble, input 16 + j's high one)."""
-    header = 4 * WIDENED_FIELDS[kind]
-    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, header)]), I32.as_pointer())
+    codes = LAYOUT[kind][1]
+    qh_ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, codes - 4)]), I32.as_pointer())
     one = ir.Constant(ir.VectorType(I32, 1), ir.Undefined)
     qh = builder.insert_element(one, builder.load(qh_ptr, align=1), I32(0))
     qh_v = builder.shuffle_vector(qh, one, mask([0] * LANES))
-    ptr = builder.gep(block, [ir.Constant(_I64, header + 4)])
+    ptr = builder.gep(block, [ir.Constant(_I64, codes)])
     raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
     return qh_v, builder.zext(raw, ir.VectorType(I32, LANES))
 

@@ -36,6 +36,7 @@ import numpy as np
 from pagedattn.kernels.numba_runtime import install as install_numba_runtime
 from pagedattn.model.block_ir import (
     FILE_SHAPES,
+    LAYOUT,
     READ_AS,
     ROW_GROUP,
     SHAPES,
@@ -92,13 +93,13 @@ def _scale_min(scales, j):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True)
-def _sub_blocks(raw, rows, r0, r1, out8, out32, halves, kind, group):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Output rows ``r0 .. r1`` of Q4_K (kind 5) or Q5_K (6) ``raw`` rows as Q4_1 / Q5_1 blocks
-    of the kernels' layout (module docstring), placed as :func:`_repack_rows` places blocks;
+def _sub_blocks(raw, rows, r0, r1, out8, out32, halves, kind, group, size, wide, header):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Output rows ``r0 .. r1`` of Q4_K (kind 5) or Q5_K (6) ``raw`` rows (super-blocks of
+    ``size`` bytes) as Q4_1 / Q5_1 blocks of the kernels' layout (module docstring: ``wide``
+    bytes, the codes ``header`` bytes in), placed as :func:`_repack_rows` places blocks;
     ``out8`` / ``out32`` the whole output as flat uint8 / uint32, ``halves`` the float32 of
     every float16 bit pattern."""
-    size, codes = (144, 16) if kind == 5 else (176, 48)
-    wide, header = (24, 8) if kind == 5 else (28, 12)
+    codes = 16 if kind == 5 else 48  # block_q4_K: d, dmin, scales[12]; block_q5_K: + qh[32]
     out_f = out32.view(np.float32)
     num_super = raw.shape[1] // size
     row_blocks = num_super * 8
@@ -159,7 +160,8 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         if kind in READ_AS:
-            _sub_blocks(raw, order, r0, r1, flat, out32, table.view(np.float32), kind, group)
+            halves, header = table.view(np.float32), LAYOUT[READ_AS[kind]][1]
+            _sub_blocks(raw, order, r0, r1, flat, out32, halves, kind, group, size, wide, header)
         else:
             _repack_rows(raw16, order, r0, r1, out16, out32, table, size, wide, fields, group)
         if rows is None:

@@ -22,6 +22,7 @@ from numba.core import cgutils
 
 from pagedattn.kernels.simd_ir import F32, I8, I32, mask
 from pagedattn.kernels.target import has_avx512bw, has_vnni_256, has_vnni_512
+from pagedattn.model.block_ir import Q5_KINDS
 
 I16 = ir.IntType(16)
 V16I8 = ir.VectorType(I8, 16)
@@ -66,7 +67,7 @@ def block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
     lo = builder.and_(packed, ir.Constant(V16I8, [15] * 16))
     hi = builder.lshr(packed, ir.Constant(V16I8, [4] * 16))
     nibbles = builder.shuffle_vector(lo, hi, mask(range(32)))
-    if kind not in (3, 4):
+    if kind not in Q5_KINDS:
         return nibbles
     qh_ptr = builder.gep(codes, [ir.Constant(ir.IntType(64), -4)])
     qh = builder.load(builder.bitcast(qh_ptr, ir.VectorType(I8, 4).as_pointer()), align=1)
