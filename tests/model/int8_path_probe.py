@@ -21,7 +21,9 @@ from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 
 KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1)
 ROWS = (1, 2, 3, 5, 7)  # every kind of tile: 4, 2 and 1 activation rows (4: zmm paths)
-OUTPUTS = 23  # five tiles of four output rows and three leftover rows
+# 23: rows one after another, five tiles of four output rows and three leftover rows; 24:
+# rows side by side in groups of four (the layout of every real model's matrices), six tiles
+OUTPUTS = (23, 24)
 BLOCKS = 5
 
 
@@ -29,14 +31,15 @@ def cases() -> Iterator[tuple[str, np.ndarray, np.ndarray, Q]]:
     """(key, x (T, K) float32, raw GGUF blocks (N, bytes per row), kind) per kind and row count,
     from fixed seeds; one activation channel is an outlier, as in real activations."""
     for kind in KINDS:
-        rng = np.random.default_rng(int(kind))
-        w = rng.standard_normal((OUTPUTS, 32 * BLOCKS)).astype(np.float32)
-        raw = quantize(w, kind)
-        for rows in ROWS:
-            x = rng.standard_normal((rows, 32 * BLOCKS)).astype(np.float32)
-            x[:, 3] *= 30
-            x[0, 32:64] = 0  # an all-zero block: scale 0
-            yield f"{kind.name}_{rows}", x, raw, kind
+        for outputs in OUTPUTS:
+            rng = np.random.default_rng(int(kind) + 100 * outputs)
+            w = rng.standard_normal((outputs, 32 * BLOCKS)).astype(np.float32)
+            raw = quantize(w, kind)
+            for rows in ROWS:
+                x = rng.standard_normal((rows, 32 * BLOCKS)).astype(np.float32)
+                x[:, 3] *= 30
+                x[0, 32:64] = 0  # an all-zero block: scale 0
+                yield f"{kind.name}_{outputs}_{rows}", x, raw, kind
 
 
 def collect() -> dict[str, np.ndarray]:

@@ -1,8 +1,9 @@
 """Every x86 path of the int8-activation matmuls gives the same bits: the host's path, the AVX2
 one (``NUMBA_CPU_NAME=haswell``), ymm VNNI (``alderlake``: AVX-VNNI, no AVX-512) and zmm without
 VNNI (``skylake-avx512``), each compiled in a subprocess of its own, and a by-hand float32
-re-derivation of ggml's AVX2 ``ggml_vec_dot_q4_1_q8_1`` (exact integer sums per four inputs,
-eight fused multiply-add lanes over the blocks, summed by halving, plus the offset term)."""
+re-derivation of ggml's reference ``ggml_vec_dot_q4_1_q8_1`` (per block the exact integer dot
+product, met by ``d * dx`` in one fused multiply-add, plus the offset term's own accumulator).
+The cases hold matrices of rows one after another (23) and grouped side by side (24)."""
 
 from __future__ import annotations
 
@@ -80,18 +81,13 @@ def _by_hand(x: np.ndarray, raw: np.ndarray, kind: Q) -> np.ndarray:
     for t in range(x.shape[0]):
         xq, xd, xs = _q8_1(x[t])
         for n in range(raw.shape[0]):
-            lanes = [np.float32(0)] * 8
-            off = np.float32(0)
+            acc = off = np.float32(0)
             for b in range(xq.shape[0]):
-                sums = (codes[n, b] * xq[b]).reshape(8, 4).sum(axis=1)  # exact
-                ddx = scales[n, b] * xd[b]
-                lanes = [_fma(ddx, np.float32(s), a) for s, a in zip(sums, lanes, strict=True)]
+                total = np.float32(int((codes[n, b] * xq[b]).sum()))  # exact
+                acc = _fma(scales[n, b] * xd[b], total, acc)
                 if kind != Q.Q8_0:
                     off = _fma(offsets[n, b], xs[b], off)
-            while len(lanes) > 1:
-                half = len(lanes) // 2
-                lanes = [lanes[i] + lanes[i + half] for i in range(half)]
-            out[t, n] = lanes[0] + off
+            out[t, n] = acc + off
     return out
 
 

@@ -4,10 +4,14 @@ llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): e
 block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
 block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
 offset; Q4_0 / Q5_0: offset ``-8 d`` / ``-16 d`` on codes stored + 8 / + 16; Q5_0 / Q5_1 codes
-carry their fifth bit), the integer sums four inputs at a time from
+carry their fifth bit). The integer dot product is exact: four inputs at a time from
 :func:`pagedattn.model.int8_ir.quads` (AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``,
 on ymm or zmm: whichever the target has, the same exact sums; at most 2 * 31 * 127 per byte
-pair for 4- and 5-bit codes, 2 * 127 * 127 for Q8_0's, no saturation). Every (row, output) is
+pair for 4- and 5-bit codes, 2 * 127 * 127 for Q8_0's, no saturation), then a block's
+(:func:`pagedattn.model.int8_ir.block_sums`), converted once. A register tile holds four output
+rows' codes side by side, one row per 128-bit lane, and meets each activation row's block
+broadcast to every lane, so that the float work is one multiply-add per (output, activation
+row) and block, 16 of them in one zmm for four rows of eight. Every (row, output) is
 the same sequence of operations for any row count and any of these instruction sets: batch
 invariance holds on this path too, and every x86 path gives the AVX2 path's bits.
 
@@ -28,23 +32,30 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, I32, Arr2D, carried_loop, fma, hsum, prefetch, splat
+from pagedattn.kernels.simd_ir import (
+    F32,
+    I8,
+    I32,
+    Arr2D,
+    carried_loop,
+    fma,
+    mask,
+    prefetch,
+    splat,
+)
 from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, block_ptr, by_kind, scale_offset
+from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, ROW_GROUP, block_ptr, by_kind
 from pagedattn.model.int8_ir import (
-    PAIR_BYTES,
-    PAIR_LANES,
-    V8F,
-    V16F,
-    V32I8,
+    GROUPS,
     abs_bytes,
-    block_codes,
+    block_sums,
     int8_path,
     quads,
-    scale_pair,
+    repeated,
+    row_floats,
     signed_like,
-    xq_twice,
+    tile_codes,
 )
 from pagedattn.model.int8_quantize import quantize_activations_serial
 
@@ -65,20 +76,35 @@ def require_int8() -> None:
         raise ValueError(reason)
 
 
+def _tile_blocks(
+    builder: ir.IRBuilder, b_arr: Arr2D, n: ir.Value, b: ir.Value, size: int, rows: int
+) -> list[ir.Value]:
+    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
+    rows of a group: side by side where the matrix is grouped, a row apart where not)."""
+    first = block_ptr(builder, b_arr, n, b, size)
+    if rows == 1:
+        return [first]
+    i64 = n.type
+    grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    step = builder.select(grouped, i64(size), b_arr.row_stride)
+    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
+
+
 def _make_int8_dot(rows: int, cols: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
-    ``xd`` and sums ``xs`` (T, K / 32); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
+    ``xd`` and sums ``xs`` (K / 32, T: block-major); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
     ``ggml_vec_dot_q8_0_q8_0``: signed codes, so the unsigned operand is ``|xq|`` and the
     codes take ``xq``'s sign; a product pair is at most 2 * 127 * 127, below int16's limit,
-    as ``|xq| <= 127``). A block's codes are unpacked once for the ``cols`` activation rows.
-    Per (output, row) and block, :func:`pagedattn.model.int8_ir.quads` gives eight int32 sums
-    and ``acc = fma(d * dx, float(sums), acc)`` takes them into eight float lanes, summed by
-    halving at the end, plus the offset term ``fma(offset, xs, off)`` (the tile's output rows
-    side by side in one vector per activation row): the same operations whatever ``rows``,
-    ``cols`` and instruction set (on zmm, two output rows share a register, each lane still its
-    own row's sequence)."""
+    as ``|xq| <= 127``), Q5_0 = 3, Q5_1 = 4. A block's codes are unpacked once for the
+    ``cols`` activation rows (:func:`pagedattn.model.int8_ir.tile_codes`). Per (output,
+    activation row) and block, as ggml's reference ``ggml_vec_dot_q4_1_q8_1``: ``acc =
+    fma(d * dx, float(sum), acc)`` with ``sum`` the block's exact integer dot product, and
+    ``off = fma(offset, xs, off)``; the result is ``acc + off``: the same operations whatever
+    ``rows``, ``cols`` and instruction set."""
+    assert rows in (1, ROW_GROUP)
     tile = rows * cols
+    lanes = GROUPS * rows
 
     @intrinsic  # type: ignore[misc]
     def int8_dot(
@@ -100,89 +126,58 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             )
             n_first, t_first = args[2], args[6]
             i64 = n_first.type
-            wide = rows % 2 == 0 and int8_path() in ("zmm", "vnni-zmm")
-            groups = rows // 2 if wide else rows  # float accumulators per activation row
-            zero = ir.Constant(V16F if wide else V8F, [0.0] * (16 if wide else 8))
+            tile_ty = ir.VectorType(F32, tile)
+            sum_ty = ir.VectorType(I32, lanes)
+            v16 = ir.VectorType(I8, 16).as_pointer()
+            # a tile's sums: lane r * cols + c for output row r and activation row c
+            by_row = mask([r for r in range(rows) for _ in range(cols)])
+            by_col = mask([c for _ in range(rows) for c in range(cols)])
 
-            # the offset terms: one <rows x float> per activation row (lane r: output row r)
-            row_lanes = ir.VectorType(F32, rows)
-            off_zero = ir.Constant(row_lanes, [0.0] * rows)
+            def per_col(b: ir.Value, arr: Arr2D) -> ir.Value:
+                """<tile x float>: arr[b, t0 + c] (block-major) in lane r * cols + c."""
+                at = builder.bitcast(
+                    arr.ptr(builder, b, t_first), ir.VectorType(F32, cols).as_pointer()
+                )
+                values = builder.load(at, align=4)
+                return builder.shuffle_vector(values, values, by_col)
 
             def emit(kind: int) -> list[ir.Value]:
-                size, header, _ = LAYOUT[kind]
-                accs = [zero] * (groups * cols) + [off_zero] * cols
+                size = LAYOUT[kind][0]
+                zero = ir.Constant(tile_ty, [0.0] * tile)
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                     k = builder.mul(b, i64(BLOCK))
-                    xqv, unsigned, dx, sx = [], [], [], []
+                    # the same block of the rows two tiles of four ahead (a group side by side)
+                    ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), b, size)
+                    for line in range(0, rows * size, 64):
+                        prefetch(builder, builder.gep(ahead, [i64(line)]))
+                    tile_blocks = _tile_blocks(builder, b_arr, n_first, b, size, rows)
+                    lo, hi = tile_codes(builder, kind, tile_blocks)
+                    d_rows = row_floats(builder, tile_blocks, 0)
+                    lane_sums = []
                     for c in range(cols):
                         t_row = builder.add(t_first, i64(c))
-                        q_ptr = builder.bitcast(q_arr.ptr(builder, t_row, k), V32I8.as_pointer())
-                        xqv.append(builder.load(q_ptr, align=1))
-                        if wide:
-                            xqv[c] = xq_twice(builder, xqv[c])
-                        # |xq| (vpabsb, once per block for every row): Q8_0's unsigned operand
-                        unsigned.append(abs_bytes(builder, xqv[c]) if kind == 2 else None)
-                        dx.append(builder.load(d_arr.ptr(builder, t_row, b)))
-                        sx.append(builder.load(x_arr.ptr(builder, t_row, b)))
-                    codes, scales, offsets = [], [], []
-                    for r in range(rows):
-                        n = builder.add(n_first, i64(r))
-                        block = block_ptr(builder, b_arr, n, b, size)
-                        prefetch(
-                            builder,
-                            block_ptr(builder, b_arr, builder.add(n, i64(2 * rows)), b, size),
-                        )
-                        codes.append(block_codes(builder, kind, builder.gep(block, [i64(header)])))
-                        d, m = scale_offset(builder, kind, block)
-                        scales.append(d)
-                        offsets.append(m)
-                    vec, off = list(accs[: groups * cols]), list(accs[groups * cols :])
-                    for g in range(groups):
-                        if wide:
-                            operand = builder.shuffle_vector(
-                                codes[2 * g], codes[2 * g + 1], PAIR_BYTES
-                            )
-                            d_pair = scale_pair(builder, scales[2 * g], scales[2 * g + 1])
-                        else:
-                            operand = codes[g]
-                        for c in range(cols):
-                            if kind == 2:
-                                signed = signed_like(builder, operand, xqv[c])
-                                sums = quads(builder, unsigned[c], signed)
-                            else:
-                                sums = quads(builder, operand, xqv[c])
-                            if wide:
-                                ddx = builder.fmul(d_pair, splat(builder, dx[c], 16))
-                            else:
-                                ddx = splat(builder, builder.fmul(scales[g], dx[c]), 8)
-                            i = g * cols + c
-                            vec[i] = fma(builder, ddx, builder.sitofp(sums, zero.type), vec[i])
-                    if kind != 2:  # Q8_0 has no offset
-                        by_row = ir.Constant(row_lanes, ir.Undefined)
-                        for r, m in enumerate(offsets):
-                            by_row = builder.insert_element(by_row, m, I32(r))
-                        for c in range(cols):
-                            off[c] = fma(builder, by_row, splat(builder, sx[c], rows), off[c])
-                    return vec + off
+                        sums = ir.Constant(sum_ty, [0] * lanes)
+                        for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
+                            x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
+                            x = repeated(builder, builder.load(x_ptr, align=1), rows)
+                            if kind == 2:  # signed codes: |x| times the codes with x's sign
+                                codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
+                            sums = quads(builder, codes, x, sums)
+                        lane_sums.append(sums)
+                    total = builder.sitofp(block_sums(builder, lane_sums), tile_ty)
+                    d = builder.shuffle_vector(d_rows, d_rows, by_row)
+                    acc = fma(builder, builder.fmul(d, per_col(b, d_arr)), total, accs[0])
+                    offsets = _offsets(builder, kind, tile_blocks, d_rows)
+                    if offsets is None:
+                        return [acc, accs[1]]
+                    m = builder.shuffle_vector(offsets, offsets, by_row)
+                    return [acc, fma(builder, m, per_col(b, x_arr), accs[1])]
 
+                accs = [zero, zero]
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-                lanes = []  # each (output row, activation row)'s eight float lanes
-                for r in range(rows):
-                    for c in range(cols):
-                        if wide:
-                            v = accs[(r // 2) * cols + c]
-                            lanes.append(builder.shuffle_vector(v, v, PAIR_LANES[r % 2]))
-                        else:
-                            lanes.append(accs[r * cols + c])
-                return [
-                    builder.fadd(
-                        hsum(builder, lanes[r * cols + c]),
-                        builder.extract_element(accs[groups * cols + c], I32(r)),
-                    )
-                    for r in range(rows)
-                    for c in range(cols)
-                ]
+                result = builder.fadd(accs[0], accs[1])
+                return [builder.extract_element(result, I32(i)) for i in range(tile)]
 
             sums = by_kind(builder, args[0], emit, INT8_KINDS)
             return context.make_tuple(builder, sig.return_type, sums)
@@ -192,8 +187,21 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     return int8_dot
 
 
-# on zmm (32 registers, two output rows each), tiles of WIDE_COLS activation rows first
-WIDE_COLS = 4 if int8_path() in ("zmm", "vnni-zmm") else INT8_COLS
+def _offsets(
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
+) -> ir.Value | None:
+    """<rows x float> of each row's block offset (:func:`pagedattn.model.block_ir.scale_offset`'s
+    values), or None for Q8_0, which has none."""
+    rows = d_rows.type.count
+    if kind in (1, 4):
+        return row_floats(builder, blocks, 4)
+    if kind in (0, 3):
+        return builder.fmul(d_rows, splat(builder, F32(-8.0 if kind == 0 else -16.0), rows))
+    return None
+
+
+# on zmm (32 registers), tiles of WIDE_COLS activation rows first
+WIDE_COLS = 8 if int8_path() in ("zmm", "vnni-zmm") else INT8_COLS
 HAS_WIDE = WIDE_COLS > INT8_COLS  # a constant: LLVM drops the wide branch where it is False
 # DECODE_TILE output rows x WIDE_COLS, x INT8_COLS activation rows, x 1, and 1 x 1
 _int8_wide = _make_int8_dot(DECODE_TILE, WIDE_COLS)
@@ -255,7 +263,7 @@ def qmatmul_blocks_int8(
     """``out = (xd * xq) @ concat(b0, b1, b2)[:num_parts].T``, laid out as
     :func:`pagedattn.model.block_dot.qmatmul_blocks`: one launch over tasks of ROWS_PER_TASK
     output rows, tiles of DECODE_TILE output rows by WIDE_COLS or INT8_COLS rows of ``xq``
-    (each block's codes unpacked once for them). xq (T, K) int8, xd / xs (T, K / 32) float32
+    (each block's codes unpacked once for them). xq (T, K) int8, xd / xs (K / 32, T) float32
     from :func:`pagedattn.model.int8_quantize.quantize_activations`."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
@@ -268,7 +276,7 @@ def project_int8(x, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyp
     step's rows, as :func:`pagedattn.model.quantized.qmatmul` does it)."""
     rows, k = x.shape
     xq = np.empty((rows, k), np.int8)
-    xd = np.empty((rows, k // BLOCK), np.float32)
-    xs = np.empty((rows, k // BLOCK), np.float32)
+    xd = np.empty((k // BLOCK, rows), np.float32)
+    xs = np.empty((k // BLOCK, rows), np.float32)
     quantize_activations_serial(x, xq, xd, xs)
     qmatmul_blocks_int8(xq, xd, xs, b0, b1, b2, kinds, num_parts, out)

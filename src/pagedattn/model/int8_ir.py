@@ -1,14 +1,19 @@
-"""The int8 dot products of the int8-activation matmuls, one per x86 instruction set.
+"""The integer block sums of the int8-activation matmuls, one per x86 instruction set.
 
-A block's 32 unsigned-by-signed byte products are summed four at a time into eight int32
-lanes (lane ``j``: bytes ``4j`` to ``4j + 3``). Each instruction set computes exactly these
-sums, so the float accumulation after it, and every result bit, is the same on all of them:
+A register tile of ``rows`` output rows is held as vectors of ``4 * rows`` int32 lanes, lane
+``4 r + g`` for row ``r`` and lane group ``g`` (0-3): a 32-input block's codes are two byte
+vectors (:func:`tile_codes`), ``lo`` with row ``r``'s inputs ``4g .. 4g + 3`` in lane
+``4r + g`` and ``hi`` with its inputs ``16 + 4g .. 16 + 4g + 3``, so each row fills one
+128-bit lane and the block's 16 + 16 activation bytes meet it broadcast to every row
+(:func:`repeated`). The unsigned-by-signed byte products of a lane are summed four at a time
+into its int32 (:func:`quads`); each instruction set computes exactly these sums, so the float
+accumulation after them, and every result bit, is the same on all of them:
 
 * ``avx2``: ``vpmaddubsw`` (byte pairs into int16, below saturation for these operands) and
   ``vpmaddwd`` by ones (int16 pairs into int32), on ymm;
-* ``vnni-ymm``: one ``vpdpbusd`` (AVX512_VNNI with AVX512VL, or AVX-VNNI) on ymm;
-* ``zmm``: ``vpmaddubsw`` + ``vpmaddwd`` on zmm (AVX512BW), two blocks' rows per register;
-* ``vnni-zmm``: one ``vpdpbusd`` on zmm (AVX512_VNNI), two blocks' rows per register.
+* ``vnni-ymm``: ``vpdpbusd`` (AVX512_VNNI with AVX512VL, or AVX-VNNI) on ymm;
+* ``zmm``: ``vpmaddubsw`` + ``vpmaddwd`` on zmm (AVX512BW), four rows per register;
+* ``vnni-zmm``: ``vpdpbusd`` on zmm (AVX512_VNNI), four rows per register.
 
 The path is chosen from the CPU Numba compiles for (:mod:`pagedattn.kernels.target`, which
 asks LLVM), when the kernel is compiled: no other path's instructions are emitted, so a target
@@ -22,16 +27,10 @@ from numba.core import cgutils
 
 from pagedattn.kernels.simd_ir import F32, I8, I32, mask
 from pagedattn.kernels.target import has_avx512bw, has_vnni_256, has_vnni_512
-from pagedattn.model.block_ir import Q5_KINDS
+from pagedattn.model.block_ir import LAYOUT, Q5_KINDS
 
 I16 = ir.IntType(16)
-V16I8 = ir.VectorType(I8, 16)
-V32I8 = ir.VectorType(I8, 32)
-V64I8 = ir.VectorType(I8, 64)
-V8I32 = ir.VectorType(I32, 8)
-V16I32 = ir.VectorType(I32, 16)
-V8F = ir.VectorType(F32, 8)
-V16F = ir.VectorType(F32, 16)
+GROUPS = 4  # int32 lanes per row of a tile
 
 # what each path computes a block's products with (README, bench output)
 INSTRUCTIONS = {
@@ -41,14 +40,6 @@ INSTRUCTIONS = {
     "vnni-zmm": "AVX512_VNNI vpdpbusd on zmm",
 }
 
-# a pair of rows' codes in one zmm: bytes 0-15 of each row's block, then bytes 16-31 of each,
-# so that int32 lanes 0-3 and 8-11 are the first row's lanes 0-7, lanes 4-7 and 12-15 the
-# second row's (the one shuffle of two ymm that vinserti64x4 and vpermt2q give)
-PAIR_BYTES = mask([*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
-PAIR_LANES = (mask([*range(4), *range(8, 12)]), mask([*range(4, 8), *range(12, 16)]))
-_XQ_TWICE = mask([*range(16), *range(16), *range(16, 32), *range(16, 32)])
-_SCALE_PAIR = mask([0] * 4 + [1] * 4 + [0] * 4 + [1] * 4)
-
 
 def int8_path() -> str:
     """The path the target gets (a key of :data:`INSTRUCTIONS`); the target has AVX2."""
@@ -57,30 +48,130 @@ def int8_path() -> str:
     return "vnni-ymm" if has_vnni_256() else "avx2"
 
 
-def block_codes(builder: ir.IRBuilder, kind: int, codes: ir.Value) -> ir.Value:
-    """A block's 32 codes (i8* at the first) as <32 x i8>: Q8_0's as stored; 4-bit ones as
-    bytes 0-15 the low nibbles, 16-31 the high ones (inputs 0-15, then 16-31); Q5_0 / Q5_1's
-    with bit j of the 32 bits before them (input j's fifth bit) as 16 in byte j."""
-    if kind == 2:
-        return builder.load(builder.bitcast(codes, V32I8.as_pointer()), align=1)
-    packed = builder.load(builder.bitcast(codes, V16I8.as_pointer()), align=1)
-    lo = builder.and_(packed, ir.Constant(V16I8, [15] * 16))
-    hi = builder.lshr(packed, ir.Constant(V16I8, [4] * 16))
-    nibbles = builder.shuffle_vector(lo, hi, mask(range(32)))
-    if kind not in Q5_KINDS:
-        return nibbles
-    qh_ptr = builder.gep(codes, [ir.Constant(ir.IntType(64), -4)])
-    qh = builder.load(builder.bitcast(qh_ptr, ir.VectorType(I8, 4).as_pointer()), align=1)
-    spread = builder.shuffle_vector(qh, qh, mask([j // 8 for j in range(32)]))  # byte j // 8
-    bit = builder.and_(
-        spread, ir.Constant(V32I8, [(1 << (j % 8)) - (256 if j % 8 == 7 else 0) for j in range(32)])
+def _loaded(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int, ty: ir.Type) -> ir.Value:
+    """<len(blocks) * n x element> (``ty`` = <n x element>), or <len(blocks) x ty> for a
+    scalar ``ty``: the ``ty`` at byte ``offset`` of each block (i8*), one after another."""
+    at = [builder.gep(p, [ir.Constant(ir.IntType(64), offset)]) for p in blocks]
+    values = [builder.load(builder.bitcast(p, ty.as_pointer()), align=1) for p in at]
+    if isinstance(ty, ir.VectorType):
+        return concat(builder, values)
+    out = ir.Constant(ir.VectorType(ty, len(values)), ir.Undefined)
+    for r, v in enumerate(values):
+        out = builder.insert_element(out, v, I32(r))
+    return out
+
+
+def _as(builder: ir.IRBuilder, value: ir.Value, element: ir.Type) -> ir.Value:
+    """``value`` reinterpreted as a vector of ``element`` (same bytes)."""
+    bits = value.type.count * _width(value.type.element)
+    return builder.bitcast(value, ir.VectorType(element, bits // _width(element)))
+
+
+def _width(element: ir.Type) -> int:
+    return 32 if isinstance(element, ir.FloatType) else int(element.width)
+
+
+def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
+    """Bytes 16 where input ``first + 4g + k``'s fifth bit (bit of ``qh``, lane (r, g)) is set
+    and 0 elsewhere, byte ``k`` of lane ``4r + g``."""
+    lanes = qh.type.count
+    shift = ir.Constant(qh.type, [first + 4 * (i % GROUPS) for i in range(lanes)])
+    low_byte = _as(builder, builder.lshr(qh, shift), I8)  # bits 0-3 of each lane's first byte
+    spread = builder.shuffle_vector(
+        low_byte, low_byte, mask([4 * (i // 4) for i in range(4 * lanes)])
     )
-    fifth = builder.select(
-        builder.icmp_unsigned("!=", bit, ir.Constant(V32I8, [0] * 32)),
-        ir.Constant(V32I8, [16] * 32),
-        ir.Constant(V32I8, [0] * 32),
+    bytes_ty = spread.type
+    bit = builder.and_(spread, ir.Constant(bytes_ty, [1 << (i % 4) for i in range(4 * lanes)]))
+    return builder.select(
+        builder.icmp_unsigned("!=", bit, ir.Constant(bytes_ty, [0] * (4 * lanes))),
+        ir.Constant(bytes_ty, [16] * (4 * lanes)),
+        ir.Constant(bytes_ty, [0] * (4 * lanes)),
     )
-    return builder.or_(nibbles, fifth)
+
+
+def tile_codes(
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
+) -> tuple[ir.Value, ir.Value]:
+    """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
+    block, the kernels' layout): Q8_0's signed codes 0-15 and 16-31 of each row; the 4-bit
+    kinds' low and high nibbles (byte j: inputs j and 16 + j), with Q5_0 / Q5_1's fifth bit
+    (bit j of the 32 bits before the codes: input j) as 16."""
+    header = LAYOUT[kind][1]
+    v16 = ir.VectorType(I8, 16)
+    if not LAYOUT[kind][2]:  # Q8_0
+        return _loaded(builder, blocks, header, v16), _loaded(builder, blocks, header + 16, v16)
+    packed = _loaded(builder, blocks, header, v16)
+    count = packed.type.count
+    lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
+    hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
+    if kind in Q5_KINDS:
+        qh = _loaded(builder, blocks, header - 4, I32)
+        qh = builder.shuffle_vector(qh, qh, mask([i // GROUPS for i in range(count // 4)]))
+        lo = builder.or_(lo, _fifth_bits(builder, qh, 0))
+        hi = builder.or_(hi, _fifth_bits(builder, qh, 16))
+    return lo, hi
+
+
+def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:
+    """<rows x float>: the float32 at byte ``offset`` of each row's block (a widened header
+    field: the scale at 0, Q4_1's / Q5_1's minimum at 4)."""
+    return _loaded(builder, blocks, offset, F32)
+
+
+def block_sums(builder: ir.IRBuilder, lane_sums: list[ir.Value]) -> ir.Value:
+    """<rows * cols x i32>, lane ``r * cols + c``: the sum of the four lanes of row ``r`` in
+    ``lane_sums[c]`` (cols = 1, 2 or a multiple of 4 vectors of <4 * rows x i32>), added within
+    128-bit lanes (``vpunpck[lh]dq`` / ``[lh]qdq``, ``vpaddd``): integers, exact in any order."""
+    rows = lane_sums[0].type.count // GROUPS
+
+    def pick(a: ir.Value, b: ir.Value, at: list[int]) -> ir.Value:
+        # per row r, lanes of a (0-3) and b (4-7) within its four
+        n = a.type.count
+        return builder.shuffle_vector(
+            a, b, mask([(j // 4) * n + 4 * r + j % 4 for r in range(rows) for j in at])
+        )
+
+    def fold(a: ir.Value, b: ir.Value) -> ir.Value:  # [a0+a2, b0+b2, a1+a3, b1+b3] per row
+        return builder.add(pick(a, b, [0, 4, 1, 5]), pick(a, b, [2, 6, 3, 7]))
+
+    if len(lane_sums) > 4:  # fours of activation rows side by side: lane r * cols + c
+        fours = [block_sums(builder, lane_sums[i : i + 4]) for i in range(0, len(lane_sums), 4)]
+        joined = concat(builder, fours)
+        cols = len(lane_sums)
+        return builder.shuffle_vector(
+            joined,
+            joined,
+            mask([(c // 4) * 4 * rows + 4 * r + c % 4 for r in range(rows) for c in range(cols)]),
+        )
+    if len(lane_sums) == 4:
+        low, high = fold(*lane_sums[:2]), fold(*lane_sums[2:])
+        return builder.add(pick(low, high, [0, 1, 4, 5]), pick(low, high, [2, 3, 6, 7]))
+    if len(lane_sums) == 2:
+        both = fold(*lane_sums)
+        return builder.shuffle_vector(
+            builder.add(both, builder.shuffle_vector(both, both, mask(_swap_halves(rows)))),
+            both,
+            mask([4 * r + j for r in range(rows) for j in range(2)]),
+        )
+    (one,) = lane_sums
+    two = builder.add(one, builder.shuffle_vector(one, one, mask(_swap_halves(rows))))
+    pairs = builder.add(two, builder.shuffle_vector(two, two, mask(_swap_neighbours(rows))))
+    return builder.shuffle_vector(pairs, pairs, mask([4 * r for r in range(rows)]))
+
+
+def _swap_halves(rows: int) -> list[int]:
+    return [4 * r + (j + 2) % 4 for r in range(rows) for j in range(4)]
+
+
+def _swap_neighbours(rows: int) -> list[int]:
+    return [4 * r + (j ^ 1) for r in range(rows) for j in range(4)]
+
+
+def repeated(builder: ir.IRBuilder, sixteen: ir.Value, rows: int) -> ir.Value:
+    """<16 * rows x i8>: the 16 activation bytes ``sixteen`` once per row (vbroadcasti32x4)."""
+    return builder.shuffle_vector(
+        sixteen, sixteen, mask([j for _ in range(rows) for j in range(16)])
+    )
 
 
 def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
@@ -95,40 +186,72 @@ def abs_bytes(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 
 def signed_like(builder: ir.IRBuilder, codes: ir.Value, xq: ir.Value) -> ir.Value:
-    """``codes`` with the sign of ``xq`` (0 where ``xq`` is 0 on ymm, ``vpsignb``; on zmm, which
-    has no ``vpsignb``, ``codes`` there: it meets ``|xq| = 0``, the same product)."""
-    if codes.type.count == 32:
-        return _x86(builder, "llvm.x86.avx2.psign.b", V32I8, [codes, xq])
-    negative = builder.icmp_signed("<", xq, ir.Constant(V64I8, [0] * 64))
-    return builder.select(negative, builder.sub(ir.Constant(V64I8, [0] * 64), codes), codes)
+    """``codes`` negated where ``xq`` is negative (where ``xq`` is 0 the product with
+    ``|xq|`` is 0 either way)."""
+    zero = ir.Constant(codes.type, [0] * codes.type.count)
+    negative = builder.icmp_signed("<", xq, zero)
+    return builder.select(negative, builder.sub(zero, codes), codes)
 
 
-def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """int32 lane ``j`` = sum over bytes ``4j .. 4j + 3`` of ``unsigned * signed`` (unsigned
-    bytes times signed bytes, no pair above int16's range), on 32 or 64 bytes."""
-    wide = unsigned.type.count == 64
-    lanes = V16I32 if wide else V8I32
+def concat(builder: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """The vectors ``parts`` (one type, a power-of-two count of them) one after another."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        parts = [
+            builder.shuffle_vector(parts[i], parts[i + 1], mask(range(2 * n)))
+            for i in range(0, len(parts), 2)
+        ]
+    return parts[0]
+
+
+def _quads_register(builder: ir.IRBuilder, u: ir.Value, s: ir.Value, acc: ir.Value) -> ir.Value:
+    """``acc`` + the lane sums of one register (32 or 64 bytes) of ``u`` times ``s``."""
+    wide = u.type.count == 64
+    lanes = acc.type
     if has_vnni_512() if wide else has_vnni_256():
         name = "llvm.x86.avx512.vpdpbusd." + ("512" if wide else "256")
-        u, s = (builder.bitcast(v, lanes) for v in (unsigned, signed))
-        return _x86(builder, name, lanes, [ir.Constant(lanes, [0] * lanes.count), u, s])
+        return _x86(builder, name, lanes, [acc, _as(builder, u, I32), _as(builder, s, I32)])
     words = ir.VectorType(I16, lanes.count * 2)
     if wide:
-        pairs = _x86(builder, "llvm.x86.avx512.pmaddubs.w.512", words, [unsigned, signed])
+        pairs = _x86(builder, "llvm.x86.avx512.pmaddubs.w.512", words, [u, s])
         ones = ir.Constant(words, [1] * words.count)
-        return _x86(builder, "llvm.x86.avx512.pmaddw.d.512", lanes, [pairs, ones])
-    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [unsigned, signed])
-    ones = ir.Constant(words, [1] * words.count)
-    return _x86(builder, "llvm.x86.avx2.pmadd.wd", lanes, [pairs, ones])
+        sums = _x86(builder, "llvm.x86.avx512.pmaddw.d.512", lanes, [pairs, ones])
+    else:
+        pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [u, s])
+        ones = ir.Constant(words, [1] * words.count)
+        sums = _x86(builder, "llvm.x86.avx2.pmadd.wd", lanes, [pairs, ones])
+    return builder.add(acc, sums)
 
 
-def xq_twice(builder: ir.IRBuilder, xq: ir.Value) -> ir.Value:
-    """A block's 32 activation bytes laid out as :data:`PAIR_BYTES` lays a pair of rows."""
-    return builder.shuffle_vector(xq, xq, _XQ_TWICE)
-
-
-def scale_pair(builder: ir.IRBuilder, first: ir.Value, second: ir.Value) -> ir.Value:
-    """<16 x float> of two rows' scales in the lanes :data:`PAIR_BYTES` gives each row."""
-    two = ir.Constant(ir.VectorType(F32, 2), ir.Undefined)
-    two = builder.insert_element(builder.insert_element(two, first, I32(0)), second, I32(1))
-    return builder.shuffle_vector(two, two, _SCALE_PAIR)
+def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value, acc: ir.Value) -> ir.Value:
+    """``acc`` (<n / 4 x i32>) plus, in lane ``j``, the sum over bytes ``4j .. 4j + 3`` of
+    ``unsigned * signed`` (unsigned bytes times signed bytes, no pair above int16's range), on
+    any multiple of 16 bytes: in registers of 64 bytes on the zmm paths, 32 on the others."""
+    count = unsigned.type.count
+    if count < 32:  # one row: widen to a ymm with zero bytes
+        zero = ir.Constant(unsigned.type, [0] * count)
+        grow = mask(range(32))
+        wide_acc = builder.shuffle_vector(
+            acc, ir.Constant(acc.type, [0] * acc.type.count), mask(range(8))
+        )
+        out = _quads_register(
+            builder,
+            builder.shuffle_vector(unsigned, zero, grow),
+            builder.shuffle_vector(signed, zero, grow),
+            wide_acc,
+        )
+        return builder.shuffle_vector(out, out, mask(range(count // 4)))
+    step = 64 if has_avx512bw() and count % 64 == 0 else 32
+    parts = []
+    for i in range(0, count, step):
+        pick = mask(range(i, i + step))
+        lanes = mask(range(i // 4, (i + step) // 4))
+        parts.append(
+            _quads_register(
+                builder,
+                builder.shuffle_vector(unsigned, unsigned, pick),
+                builder.shuffle_vector(signed, signed, pick),
+                builder.shuffle_vector(acc, acc, lanes),
+            )
+        )
+    return concat(builder, parts)

@@ -24,21 +24,22 @@ def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: 
             q = np.int8(np.rint(x[t, j] * inv))
             xq[t, j] = q
             total += int(q)
-        xd[t, b] = d
-        xs[t, b] = d * np.float32(total)
+        xd[b, t] = d
+        xs[b, t] = d * np.float32(total)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def quantize_activations(
     x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    """Per 32-input block of each row of ``x`` (T, K) float32 (ggml's ``quantize_row_q8_1``):
-    ``xd = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for an all-zero block) and
-    ``xs = xd * sum(xq)``, the sum of the quantized block: the kernel then computes exactly
-    ``W @ (xd * xq)``, whose rounding errors meet the centred weights ``scale * code +
-    offset`` (summing the unquantized ``x`` for the offset term would leave
-    ``scale * sum(code * error)``, several times larger). Parallel over rows; the same values
-    as :func:`quantize_activations_serial`."""
+    """Per 32-input block ``b`` of each row ``t`` of ``x`` (T, K) float32 (ggml's
+    ``quantize_row_q8_1``): ``xd[b, t] = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for
+    an all-zero block) and ``xs[b, t] = xd * sum(xq)``, the sum of the quantized block (``xd``
+    and ``xs`` are (K / 32, T), block-major: a tile's rows' values for a block are one load).
+    The kernel then computes exactly ``W @ (xd * xq)``, whose rounding errors meet the centred
+    weights ``scale * code + offset`` (summing the unquantized ``x`` for the offset term would
+    leave ``scale * sum(code * error)``, several times larger). Parallel over rows; the same
+    values as :func:`quantize_activations_serial`."""
     for t in numba.prange(x.shape[0]):
         _quantize_row(x, t, xq, xd, xs)
 

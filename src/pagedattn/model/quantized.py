@@ -273,7 +273,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         check_activations(activations)
         if k % BLOCK == 0:
             xq = np.empty(x.shape, np.int8)
-            xd = np.empty((x.shape[0], k // BLOCK), np.float32)
+            xd = np.empty((k // BLOCK, x.shape[0]), np.float32)  # block-major
             xs = np.empty_like(xd)
             from pagedattn.model import int8_quantize  # compiled only for the int8 path
 
