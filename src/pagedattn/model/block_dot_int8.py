@@ -56,6 +56,7 @@ from pagedattn.model.int8_ir import (
     row_floats,
     signed_like,
     tile_codes,
+    vnni_bytes,
 )
 from pagedattn.model.int8_quantize import quantize_activations_serial
 
@@ -91,17 +92,18 @@ def _tile_blocks(
 
 
 def _make_int8_dot(rows: int, cols: int) -> Any:
-    """Intrinsic (kind, blocks, n0, xq, xd, xs, t0) -> UniTuple(float32, rows * cols): at index
+    """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
-    ``xd`` and sums ``xs`` (K / 32, T: block-major); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 (ggml's
-    ``ggml_vec_dot_q8_0_q8_0``: signed codes, so the unsigned operand is ``|xq|`` and the
-    codes take ``xq``'s sign; a product pair is at most 2 * 127 * 127, below int16's limit,
-    as ``|xq| <= 127``), Q5_0 = 3, Q5_1 = 4. A block's codes are unpacked once for the
+    ``xd`` and integer sums ``xsum`` (K / 32, T: block-major); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2
+    (ggml's ``ggml_vec_dot_q8_0_q8_0``: signed codes; with VNNI they meet ``xq`` as the
+    unsigned ``code + 128`` and ``128 * xsum`` is taken off the integer sum, without it as
+    ``|xq|`` times the codes with ``xq``'s sign, a product pair at most 2 * 127 * 127, below
+    int16's limit), Q5_0 = 3, Q5_1 = 4. A block's codes are unpacked once for the
     ``cols`` activation rows (:func:`pagedattn.model.int8_ir.tile_codes`). Per (output,
     activation row) and block, as ggml's reference ``ggml_vec_dot_q4_1_q8_1``: ``acc =
     fma(d * dx, float(sum), acc)`` with ``sum`` the block's exact integer dot product, and
-    ``off = fma(offset, xs, off)``; the result is ``acc + off``: the same operations whatever
-    ``rows``, ``cols`` and instruction set."""
+    ``off = fma(offset, xs, off)`` with ``xs = dx * float(xsum)`` (q8_1's ``s``); the result
+    is ``acc + off``: the same operations whatever ``rows``, ``cols`` and instruction set."""
     assert rows in (1, ROW_GROUP)
     tile = rows * cols
     lanes = GROUPS * rows
@@ -114,10 +116,10 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
         n0: Any,
         xq: Any,
         xd: Any,
-        xs: Any,
+        xsum: Any,
         t0: Any,
     ) -> Any:
-        sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xs, t0)
+        sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xsum, t0)
 
         def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
             require_int8()  # never emit the x86 intrinsics for a CPU without them
@@ -133,12 +135,14 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             by_row = mask([r for r in range(rows) for _ in range(cols)])
             by_col = mask([c for _ in range(rows) for c in range(cols)])
 
-            def per_col(b: ir.Value, arr: Arr2D) -> ir.Value:
-                """<tile x float>: arr[b, t0 + c] (block-major) in lane r * cols + c."""
-                at = builder.bitcast(
-                    arr.ptr(builder, b, t_first), ir.VectorType(F32, cols).as_pointer()
-                )
-                values = builder.load(at, align=4)
+            def per_col(b: ir.Value, arr: Arr2D, element: ir.Type) -> ir.Value:
+                """<cols x element>: arr[b, t0 .. t0 + cols - 1] (block-major, one load)."""
+                ptr = arr.ptr(builder, b, t_first)
+                at = builder.bitcast(ptr, ir.VectorType(element, cols).as_pointer())
+                return builder.load(at, align=4)
+
+            def by_cols(values: ir.Value) -> ir.Value:
+                """<tile x ...>: lane r * cols + c of ``values``' element c."""
                 return builder.shuffle_vector(values, values, by_col)
 
             def emit(kind: int) -> list[ir.Value]:
@@ -154,6 +158,10 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     tile_blocks = _tile_blocks(builder, b_arr, n_first, b, size, rows)
                     lo, hi = tile_codes(builder, kind, tile_blocks)
                     d_rows = row_floats(builder, tile_blocks, 0)
+                    biased = kind == 2 and vnni_bytes(16 * rows)  # Q8_0: code + 128
+                    if biased:
+                        flip = ir.Constant(lo.type, [128] * lo.type.count)
+                        lo, hi = builder.xor(lo, flip), builder.xor(hi, flip)
                     lane_sums = []
                     for c in range(cols):
                         t_row = builder.add(t_first, i64(c))
@@ -161,18 +169,27 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                         for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
                             x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
                             x = repeated(builder, builder.load(x_ptr, align=1), rows)
-                            if kind == 2:  # signed codes: |x| times the codes with x's sign
+                            if kind == 2 and not biased:  # |x| times codes with x's sign
                                 codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
                             sums = quads(builder, codes, x, sums)
                         lane_sums.append(sums)
-                    total = builder.sitofp(block_sums(builder, lane_sums), tile_ty)
+                    block_total = block_sums(builder, lane_sums)
+                    x_sums = per_col(b, x_arr, I32)
+                    if biased:
+                        bias = builder.shl(
+                            by_cols(x_sums), ir.Constant(block_total.type, [7] * tile)
+                        )
+                        block_total = builder.sub(block_total, bias)
+                    total = builder.sitofp(block_total, tile_ty)
+                    dx = per_col(b, d_arr, F32)
                     d = builder.shuffle_vector(d_rows, d_rows, by_row)
-                    acc = fma(builder, builder.fmul(d, per_col(b, d_arr)), total, accs[0])
+                    acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
                     offsets = _offsets(builder, kind, tile_blocks, d_rows)
                     if offsets is None:
                         return [acc, accs[1]]
                     m = builder.shuffle_vector(offsets, offsets, by_row)
-                    return [acc, fma(builder, m, per_col(b, x_arr), accs[1])]
+                    xs = builder.fmul(dx, builder.sitofp(x_sums, dx.type))  # q8_1's s
+                    return [acc, fma(builder, m, by_cols(xs), accs[1])]
 
                 accs = [zero, zero]
                 carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
@@ -211,7 +228,7 @@ _int8_one = _make_int8_dot(1, 1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
     DECODE_TILE output rows by WIDE_COLS, then INT8_COLS, then single activation rows, then the
     leftover output rows one by one."""
@@ -227,23 +244,23 @@ def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-unt
         n = n0
         while n + DECODE_TILE <= n1:
             if HAS_WIDE and cols == WIDE_COLS:
-                rw = _int8_wide(kind, blocks, n, xq, xd, xs, t)
+                rw = _int8_wide(kind, blocks, n, xq, xd, xsum, t)
                 for i in range(DECODE_TILE):
                     for c in range(WIDE_COLS):
                         out[t + c, col + n + i] = rw[i * WIDE_COLS + c]
             elif cols == INT8_COLS:
-                r = _int8_tile(kind, blocks, n, xq, xd, xs, t)
+                r = _int8_tile(kind, blocks, n, xq, xd, xsum, t)
                 for i in range(DECODE_TILE):
                     for c in range(INT8_COLS):
                         out[t + c, col + n + i] = r[i * INT8_COLS + c]
             else:
-                r1 = _int8_col(kind, blocks, n, xq, xd, xs, t)
+                r1 = _int8_col(kind, blocks, n, xq, xd, xsum, t)
                 for i in range(DECODE_TILE):
                     out[t, col + n + i] = r1[i]
             n += DECODE_TILE
         while n < n1:
             for c in range(cols):
-                out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xs, t + c)[0]
+                out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xsum, t + c)[0]
             n += 1
         t += cols
 
@@ -252,7 +269,7 @@ def _int8_task(xq, xd, xs, blocks, kind, task, out, col):  # type: ignore[no-unt
 def qmatmul_blocks_int8(
     xq: np.ndarray,
     xd: np.ndarray,
-    xs: np.ndarray,
+    xsum: np.ndarray,
     b0: np.ndarray,
     b1: np.ndarray,
     b2: np.ndarray,
@@ -263,11 +280,11 @@ def qmatmul_blocks_int8(
     """``out = (xd * xq) @ concat(b0, b1, b2)[:num_parts].T``, laid out as
     :func:`pagedattn.model.block_dot.qmatmul_blocks`: one launch over tasks of ROWS_PER_TASK
     output rows, tiles of DECODE_TILE output rows by WIDE_COLS or INT8_COLS rows of ``xq``
-    (each block's codes unpacked once for them). xq (T, K) int8, xd / xs (K / 32, T) float32
-    from :func:`pagedattn.model.int8_quantize.quantize_activations`."""
+    (each block's codes unpacked once for them). xq (T, K) int8, xd (K / 32, T) float32 and
+    xsum (K / 32, T) int32 from :func:`pagedattn.model.int8_quantize.quantize_activations`."""
     for task in numba.prange(num_part_tasks(b0, b1, b2, num_parts)):
         blocks, kind, local, col = part_task(task, b0, b1, b2, kinds)
-        _int8_task(xq, xd, xs, blocks, kind, local, out, col)
+        _int8_task(xq, xd, xsum, blocks, kind, local, out, col)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -277,6 +294,6 @@ def project_int8(x, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyp
     rows, k = x.shape
     xq = np.empty((rows, k), np.int8)
     xd = np.empty((k // BLOCK, rows), np.float32)
-    xs = np.empty((k // BLOCK, rows), np.float32)
-    quantize_activations_serial(x, xq, xd, xs)
-    qmatmul_blocks_int8(xq, xd, xs, b0, b1, b2, kinds, num_parts, out)
+    xsum = np.empty((k // BLOCK, rows), np.int32)
+    quantize_activations_serial(x, xq, xd, xsum)
+    qmatmul_blocks_int8(xq, xd, xsum, b0, b1, b2, kinds, num_parts, out)

@@ -223,6 +223,14 @@ def _quads_register(builder: ir.IRBuilder, u: ir.Value, s: ir.Value, acc: ir.Val
     return builder.add(acc, sums)
 
 
+def vnni_bytes(count: int) -> bool:
+    """Whether :func:`quads` sums ``count`` bytes with ``vpdpbusd`` (whose int32 sums take any
+    unsigned byte, where ``vpmaddubsw``'s int16 pairs would saturate above 2 * 128 * 127)."""
+    if count >= 64 and count % 64 == 0 and has_avx512bw():
+        return has_vnni_512()
+    return has_vnni_256()
+
+
 def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value, acc: ir.Value) -> ir.Value:
     """``acc`` (<n / 4 x i32>) plus, in lane ``j``, the sum over bytes ``4j .. 4j + 3`` of
     ``unsigned * signed`` (unsigned bytes times signed bytes, no pair above int16's range), on

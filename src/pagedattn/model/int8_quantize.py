@@ -11,7 +11,7 @@ from pagedattn.model.block_ir import BLOCK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _quantize_row(x, t, xq, xd, xsum):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Row ``t`` of :func:`quantize_activations`."""
     for b in range(x.shape[1] // BLOCK):
         amax = np.float32(0.0)
@@ -25,30 +25,31 @@ def _quantize_row(x, t, xq, xd, xs):  # type: ignore[no-untyped-def]  # pragma: 
             xq[t, j] = q
             total += int(q)
         xd[b, t] = d
-        xs[b, t] = d * np.float32(total)
+        xsum[b, t] = total
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def quantize_activations(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """Per 32-input block ``b`` of each row ``t`` of ``x`` (T, K) float32 (ggml's
     ``quantize_row_q8_1``): ``xd[b, t] = max|x| / 127``, ``xq = rint(x / xd)`` int8 (zeros for
-    an all-zero block) and ``xs[b, t] = xd * sum(xq)``, the sum of the quantized block (``xd``
-    and ``xs`` are (K / 32, T), block-major: a tile's rows' values for a block are one load).
-    The kernel then computes exactly ``W @ (xd * xq)``, whose rounding errors meet the centred
-    weights ``scale * code + offset`` (summing the unquantized ``x`` for the offset term would
-    leave ``scale * sum(code * error)``, several times larger). Parallel over rows; the same
-    values as :func:`quantize_activations_serial`."""
+    an all-zero block) and ``xsum[b, t] = sum(xq)`` int32, the sum of the quantized block
+    (``xd`` and ``xsum`` are (K / 32, T), block-major: a tile's rows' values for a block are
+    one load). The kernel computes exactly ``W @ (xd * xq)``: the offset term meets
+    ``xd * xsum`` (q8_1's ``s``), whose rounding errors meet the centred weights ``scale * code
+    + offset`` (summing the unquantized ``x`` for the offset term would leave ``scale *
+    sum(code * error)``, several times larger). Parallel over rows; the same values as
+    :func:`quantize_activations_serial`."""
     for t in numba.prange(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
+        _quantize_row(x, t, xq, xd, xsum)
 
 
 @numba.njit(cache=True, nogil=True)
 def quantize_activations_serial(
-    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray
+    x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray
 ) -> None:  # pragma: no cover - compiled
     """:func:`quantize_activations` on the calling thread (a decode step's one or two rows:
     waking the thread pool costs more than the rows)."""
     for t in range(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
+        _quantize_row(x, t, xq, xd, xsum)

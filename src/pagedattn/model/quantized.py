@@ -274,7 +274,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         if k % BLOCK == 0:
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((k // BLOCK, x.shape[0]), np.float32)  # block-major
-            xs = np.empty_like(xd)
+            xsum = np.empty(xd.shape, np.int32)
             from pagedattn.model import int8_quantize  # compiled only for the int8 path
 
             quantize = (
@@ -282,8 +282,8 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
                 if len(x) <= SERIAL_MAX_ROWS
                 else int8_quantize.quantize_activations
             )
-            quantize(x, xq, xd, xs)
-            int8 = (xq, xd, xs)
+            quantize(x, xq, xd, xsum)
+            int8 = (xq, xd, xsum)
     for w in parts:
         if w.shape[1] != k:
             raise ValueError(f"weights: expected (out_features, {k}), got {w.shape}")
