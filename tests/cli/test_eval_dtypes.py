@@ -136,7 +136,7 @@ def test_eval_refuses_bad_dtype_bytes_and_method(tiny_gguf: Path) -> None:
 
 
 def test_activations_int8_is_recorded(tiny_gguf: Path, tmp_path: Path) -> None:
-    from pagedattn.model.block_dot_int8 import int8_unsupported
+    from pagedattn.model.int8_ir import int8_unsupported
 
     if int8_unsupported() is not None:
         pytest.skip(str(int8_unsupported()))

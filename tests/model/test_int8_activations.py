@@ -20,7 +20,7 @@ from pagedattn.config import EngineConfig
 from pagedattn.engine.llm import LLM
 from pagedattn.engine.llm_engine import LLMEngine
 from pagedattn.kernels.target import has_avx2
-from pagedattn.model import block_dot_int8
+from pagedattn.model import int8_ir
 from pagedattn.model.build import build_model
 from pagedattn.model.llama import LlamaModel
 from pagedattn.model.loader import load_model
@@ -105,7 +105,7 @@ def test_unknown_or_unsupported_activations_are_refused(monkeypatch: pytest.Monk
         qmatmul(x, w, activations="int4")
     with pytest.raises(ValueError, match=r"EngineConfig\.activations"):
         EngineConfig(activations="bf16")
-    monkeypatch.setattr(block_dot_int8, "has_avx2", lambda: False)
+    monkeypatch.setattr(int8_ir, "has_avx2", lambda: False)
     with pytest.raises(ValueError, match="int8 needs a CPU with AVX2"):
         qmatmul(x, w, activations="int8")
 

@@ -85,7 +85,7 @@ def test_int8_activations_leave_q6k_exact() -> None:
     """int8 activations apply to every 32-input format (and Q4_K / Q5_K, held as Q4_1 / Q5_1);
     a Q6_K part beside one stays on the exact path (the same bits as float32 activations)."""
     pytest.importorskip("pagedattn.model.block_dot_int8")
-    from pagedattn.model.block_dot_int8 import int8_unsupported
+    from pagedattn.model.int8_ir import int8_unsupported
 
     if int8_unsupported() is not None:
         pytest.skip("int8 activations need AVX2")

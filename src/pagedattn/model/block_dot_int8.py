@@ -18,8 +18,8 @@ invariance holds on this path too, and every x86 path gives the AVX2 path's bits
 These are the only kernels of the package that name host-specific instructions (x86 SIMD), so
 they live apart from the exact float path (:mod:`pagedattn.model.block_dot`): this module is
 imported only when int8 activations are asked for, and its intrinsics refuse, with a Python
-error, to emit their code for a CPU without AVX2 (:func:`require_int8`), where LLVM would
-otherwise stop the process.
+error, to emit their code for a CPU without AVX2
+(:func:`pagedattn.model.int8_ir.require_int8`), where LLVM would otherwise stop the process.
 """
 
 from __future__ import annotations
@@ -41,53 +41,28 @@ from pagedattn.kernels.simd_ir import (
     fma,
     mask,
     prefetch,
-    splat,
 )
-from pagedattn.kernels.target import has_avx2, target_cpu
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, ROW_GROUP, block_ptr, by_kind
 from pagedattn.model.int8_ir import (
     GROUPS,
     abs_bytes,
+    block_offsets,
     block_sums,
+    int8_path,
     quads,
     repeated,
+    require_int8,
     row_floats,
     signed_like,
+    tile_blocks,
     tile_codes,
     vnni_bytes,
 )
 from pagedattn.model.int8_quantize import quantize_activations_serial
+from pagedattn.model.int8_row_tiles import ROWS, make_rows_dot
 
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
-
-
-def int8_unsupported() -> str | None:
-    """Why int8 activations cannot run on the CPU Numba compiles for (one line), or None."""
-    if has_avx2():
-        return None
-    return f"activations: int8 needs a CPU with AVX2, and {target_cpu()[0]} has none; use float32"
-
-
-def require_int8() -> None:
-    """Raise ValueError (:func:`int8_unsupported`'s line) unless the target has AVX2."""
-    reason = int8_unsupported()
-    if reason is not None:
-        raise ValueError(reason)
-
-
-def _tile_blocks(
-    builder: ir.IRBuilder, b_arr: Arr2D, n: ir.Value, b: ir.Value, size: int, rows: int
-) -> list[ir.Value]:
-    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
-    rows of a group: side by side where the matrix is grouped, a row apart where not)."""
-    first = block_ptr(builder, b_arr, n, b, size)
-    if rows == 1:
-        return [first]
-    i64 = n.type
-    grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
-    step = builder.select(grouped, i64(size), b_arr.row_stride)
-    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
 
 
 def _make_int8_dot(rows: int, cols: int) -> Any:
@@ -154,9 +129,9 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), b, size)
                     for line in range(0, rows * size, 64):
                         prefetch(builder, builder.gep(ahead, [i64(line)]))
-                    tile_blocks = _tile_blocks(builder, b_arr, n_first, b, size, rows)
-                    lo, hi = tile_codes(builder, kind, tile_blocks)
-                    d_rows = row_floats(builder, tile_blocks, 0)
+                    blocks = tile_blocks(builder, b_arr, n_first, b, size, rows)
+                    lo, hi = tile_codes(builder, kind, blocks)
+                    d_rows = row_floats(builder, blocks, 0)
                     biased = kind == 2 and vnni_bytes(16 * rows)  # Q8_0: code + 128
                     if biased:
                         flip = ir.Constant(lo.type, [128] * lo.type.count)
@@ -183,7 +158,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     dx = per_col(b, d_arr, F32)
                     d = builder.shuffle_vector(d_rows, d_rows, by_row)
                     acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
-                    offsets = _offsets(builder, kind, tile_blocks, d_rows)
+                    offsets = block_offsets(builder, kind, blocks, d_rows)
                     if offsets is None:
                         return [acc, accs[1]]
                     m = builder.shuffle_vector(offsets, offsets, by_row)
@@ -203,19 +178,6 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     return int8_dot
 
 
-def _offsets(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
-) -> ir.Value | None:
-    """<rows x float> of each row's block offset (:func:`pagedattn.model.block_ir.scale_offset`'s
-    values), or None for Q8_0, which has none."""
-    rows = d_rows.type.count
-    if kind in (1, 4):
-        return row_floats(builder, blocks, 4)
-    if kind in (0, 3):
-        return builder.fmul(d_rows, splat(builder, F32(-8.0 if kind == 0 else -16.0), rows))
-    return None
-
-
 # tiles of WIDE_COLS activation rows first (prefill, batches): the fastest measured on zmm and
 # on ymm alike (Zen 4, one core, a 512-row Q4_1 projection: 4 and 16 were slower on zmm, 2 and
 # 4 slower on ymm); DECODE_TILE output rows x WIDE_COLS, x INT8_COLS activation rows, x 1, and
@@ -225,6 +187,9 @@ _int8_wide = _make_int8_dot(DECODE_TILE, WIDE_COLS)
 _int8_tile = _make_int8_dot(DECODE_TILE, INT8_COLS)
 _int8_col = _make_int8_dot(DECODE_TILE, 1)
 _int8_one = _make_int8_dot(1, 1)
+# on zmm, a task's sixteen output rows by WIDE_COLS activation rows in one tile
+HAS_ROW_TILE = int8_path() in ("zmm", "vnni-zmm") and ROWS_PER_TASK == ROWS
+_int8_rows = make_rows_dot(WIDE_COLS)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -242,6 +207,12 @@ def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-u
         else:
             cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
+        if HAS_ROW_TILE and cols == WIDE_COLS and n0 + ROWS_PER_TASK <= n1:
+            rt = _int8_rows(kind, blocks, n0, xq, xd, xsum, t)
+            for i in range(ROWS_PER_TASK):
+                for c in range(WIDE_COLS):
+                    out[t + c, col + n0 + i] = rt[i * WIDE_COLS + c]
+            n = n1
         while n + DECODE_TILE <= n1:
             if cols == WIDE_COLS:
                 rw = _int8_wide(kind, blocks, n, xq, xd, xsum, t)

@@ -82,7 +82,8 @@ def _project_by_path(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out
             qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
 
         return exact
-    from pagedattn.model.block_dot_int8 import project_int8, require_int8
+    from pagedattn.model.block_dot_int8 import project_int8
+    from pagedattn.model.int8_ir import require_int8
 
     require_int8()  # a Python error, never an LLVM abort, on a CPU without AVX2
     impl: Any = project_int8

@@ -25,9 +25,15 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, mask
-from pagedattn.kernels.target import has_avx512bw, has_vnni_256, has_vnni_512
-from pagedattn.model.block_ir import LAYOUT, Q5_KINDS
+from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
+from pagedattn.kernels.target import (
+    has_avx2,
+    has_avx512bw,
+    has_vnni_256,
+    has_vnni_512,
+    target_cpu,
+)
+from pagedattn.model.block_ir import LAYOUT, Q5_KINDS, ROW_GROUP, block_ptr
 
 I16 = ir.IntType(16)
 GROUPS = 4  # int32 lanes per row of a tile
@@ -48,7 +54,7 @@ def int8_path() -> str:
     return "vnni-ymm" if has_vnni_256() else "avx2"
 
 
-def _loaded(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int, ty: ir.Type) -> ir.Value:
+def loaded(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int, ty: ir.Type) -> ir.Value:
     """<len(blocks) * n x element> (``ty`` = <n x element>), or <len(blocks) x ty> for a
     scalar ``ty``: the ``ty`` at byte ``offset`` of each block (i8*), one after another."""
     at = [builder.gep(p, [ir.Constant(ir.IntType(64), offset)]) for p in blocks]
@@ -61,7 +67,7 @@ def _loaded(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int, ty: ir.T
     return out
 
 
-def _as(builder: ir.IRBuilder, value: ir.Value, element: ir.Type) -> ir.Value:
+def as_type(builder: ir.IRBuilder, value: ir.Value, element: ir.Type) -> ir.Value:
     """``value`` reinterpreted as a vector of ``element`` (same bytes)."""
     bits = value.type.count * _width(value.type.element)
     return builder.bitcast(value, ir.VectorType(element, bits // _width(element)))
@@ -71,13 +77,12 @@ def _width(element: ir.Type) -> int:
     return 32 if isinstance(element, ir.FloatType) else int(element.width)
 
 
-def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
-    """Bytes 16 where input ``first + 4g + k``'s fifth bit (bit of ``qh``, lane (r, g)) is set
-    and 0 elsewhere, byte ``k`` of lane ``4r + g``."""
+def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Value:
+    """Bytes 16 where bit ``shifts[i] + k`` of ``qh``'s lane ``i`` (the fifth bit of the input
+    held in byte ``k`` of that lane) is set, and 0 elsewhere."""
     lanes = qh.type.count
-    shift = ir.Constant(qh.type, [first + 4 * (i % GROUPS) for i in range(lanes)])
-    low_byte = _as(builder, builder.lshr(qh, shift), I8)  # bits 0-3 of each lane's first byte
-    spread = builder.shuffle_vector(
+    low_byte = as_type(builder, builder.lshr(qh, ir.Constant(qh.type, shifts)), I8)
+    spread = builder.shuffle_vector(  # each lane's lowest byte in all four of its bytes
         low_byte, low_byte, mask([4 * (i // 4) for i in range(4 * lanes)])
     )
     bytes_ty = spread.type
@@ -99,23 +104,24 @@ def tile_codes(
     header = LAYOUT[kind][1]
     v16 = ir.VectorType(I8, 16)
     if not LAYOUT[kind][2]:  # Q8_0
-        return _loaded(builder, blocks, header, v16), _loaded(builder, blocks, header + 16, v16)
-    packed = _loaded(builder, blocks, header, v16)
+        return loaded(builder, blocks, header, v16), loaded(builder, blocks, header + 16, v16)
+    packed = loaded(builder, blocks, header, v16)
     count = packed.type.count
     lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
     hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
     if kind in Q5_KINDS:
-        qh = _loaded(builder, blocks, header - 4, I32)
+        qh = loaded(builder, blocks, header - 4, I32)
         qh = builder.shuffle_vector(qh, qh, mask([i // GROUPS for i in range(count // 4)]))
-        lo = builder.or_(lo, _fifth_bits(builder, qh, 0))
-        hi = builder.or_(hi, _fifth_bits(builder, qh, 16))
+        groups = [4 * (i % GROUPS) for i in range(qh.type.count)]  # lane (r, g): inputs 4g ..
+        lo = builder.or_(lo, fifth_bits(builder, qh, groups))
+        hi = builder.or_(hi, fifth_bits(builder, qh, [16 + s for s in groups]))
     return lo, hi
 
 
 def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:
     """<rows x float>: the float32 at byte ``offset`` of each row's block (a widened header
     field: the scale at 0, Q4_1's / Q5_1's minimum at 4)."""
-    return _loaded(builder, blocks, offset, F32)
+    return loaded(builder, blocks, offset, F32)
 
 
 def block_sums(builder: ir.IRBuilder, lane_sums: list[ir.Value]) -> ir.Value:
@@ -210,7 +216,7 @@ def _quads_register(builder: ir.IRBuilder, u: ir.Value, s: ir.Value, acc: ir.Val
     lanes = acc.type
     if has_vnni_512() if wide else has_vnni_256():
         name = "llvm.x86.avx512.vpdpbusd." + ("512" if wide else "256")
-        return _x86(builder, name, lanes, [acc, _as(builder, u, I32), _as(builder, s, I32)])
+        return _x86(builder, name, lanes, [acc, as_type(builder, u, I32), as_type(builder, s, I32)])
     words = ir.VectorType(I16, lanes.count * 2)
     if wide:
         pairs = _x86(builder, "llvm.x86.avx512.pmaddubs.w.512", words, [u, s])
@@ -263,3 +269,44 @@ def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value, acc: ir.V
             )
         )
     return concat(builder, parts)
+
+
+def int8_unsupported() -> str | None:
+    """Why int8 activations cannot run on the CPU Numba compiles for (one line), or None."""
+    if has_avx2():
+        return None
+    return f"activations: int8 needs a CPU with AVX2, and {target_cpu()[0]} has none; use float32"
+
+
+def require_int8() -> None:
+    """Raise ValueError (:func:`int8_unsupported`'s line) unless the target has AVX2."""
+    reason = int8_unsupported()
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def tile_blocks(
+    builder: ir.IRBuilder, b_arr: Arr2D, n: ir.Value, b: ir.Value, size: int, rows: int
+) -> list[ir.Value]:
+    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
+    rows of a group: side by side where the matrix is grouped, a row apart where not)."""
+    first = block_ptr(builder, b_arr, n, b, size)
+    if rows == 1:
+        return [first]
+    i64 = n.type
+    grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    step = builder.select(grouped, i64(size), b_arr.row_stride)
+    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
+
+
+def block_offsets(
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
+) -> ir.Value | None:
+    """<rows x float> of each row's block offset (:func:`pagedattn.model.block_ir.scale_offset`'s
+    values), or None for Q8_0, which has none."""
+    rows = d_rows.type.count
+    if kind in (1, 4):
+        return row_floats(builder, blocks, 4)
+    if kind in (0, 3):
+        return builder.fmul(d_rows, splat(builder, F32(-8.0 if kind == 0 else -16.0), rows))
+    return None

@@ -230,11 +230,11 @@ Matrix = BlockQuantized | np.ndarray  # (out_features, in_features): blocks, or 
 def check_activations(activations: str) -> None:
     """Raise ValueError unless ``activations`` is one of :data:`ACTIVATIONS` and runs on the
     CPU Numba compiles for (``int8`` needs AVX2:
-    :func:`pagedattn.model.block_dot_int8.int8_unsupported`, whose line is the message)."""
+    :func:`pagedattn.model.int8_ir.int8_unsupported`, whose line is the message)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
     if activations == "int8":
-        from pagedattn.model.block_dot_int8 import require_int8  # only for the int8 path
+        from pagedattn.model.int8_ir import require_int8  # only for the int8 path
 
         require_int8()
 
