@@ -24,13 +24,12 @@ error, to emit their code for a CPU without AVX2
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from pagedattn.kernels.simd_ir import (
     F32,
@@ -43,16 +42,17 @@ from pagedattn.kernels.simd_ir import (
     prefetch,
 )
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, INT8_KINDS, LAYOUT, ROW_GROUP, block_ptr, by_kind
+from pagedattn.model.block_ir import BLOCK, LAYOUT, ROW_GROUP, block_ptr
 from pagedattn.model.int8_ir import (
     GROUPS,
+    TileOperands,
     abs_bytes,
     block_offsets,
     block_sums,
     int8_path,
+    int8_tile,
     quads,
     repeated,
-    require_int8,
     row_floats,
     signed_like,
     tile_blocks,
@@ -82,100 +82,78 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     tile = rows * cols
     lanes = GROUPS * rows
 
-    @intrinsic  # type: ignore[misc]
-    def int8_dot(
-        typingctx: Any,
-        kind: Any,
-        blocks: Any,
-        n0: Any,
-        xq: Any,
-        xd: Any,
-        xsum: Any,
-        t0: Any,
-    ) -> Any:
-        sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xsum, t0)
+    def emitter(builder: ir.IRBuilder, ops: TileOperands) -> Callable[[int], list[ir.Value]]:
+        b_arr, q_arr, d_arr, x_arr, n_first, t_first = ops
+        i64 = n_first.type
+        tile_ty = ir.VectorType(F32, tile)
+        sum_ty = ir.VectorType(I32, lanes)
+        v16 = ir.VectorType(I8, 16).as_pointer()
+        # a tile's sums: lane r * cols + c for output row r and activation row c
+        by_row = mask([r for r in range(rows) for _ in range(cols)])
+        by_col = mask([c for _ in range(rows) for c in range(cols)])
 
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            require_int8()  # never emit the x86 intrinsics for a CPU without them
-            b_arr, q_arr, d_arr, x_arr = (
-                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
-            )
-            n_first, t_first = args[2], args[6]
-            i64 = n_first.type
-            tile_ty = ir.VectorType(F32, tile)
-            sum_ty = ir.VectorType(I32, lanes)
-            v16 = ir.VectorType(I8, 16).as_pointer()
-            # a tile's sums: lane r * cols + c for output row r and activation row c
-            by_row = mask([r for r in range(rows) for _ in range(cols)])
-            by_col = mask([c for _ in range(rows) for c in range(cols)])
+        def per_col(b: ir.Value, arr: Arr2D, element: ir.Type) -> ir.Value:
+            """<cols x element>: arr[b, t0 .. t0 + cols - 1] (block-major, one load)."""
+            ptr = arr.ptr(builder, b, t_first)
+            at = builder.bitcast(ptr, ir.VectorType(element, cols).as_pointer())
+            return builder.load(at, align=4)
 
-            def per_col(b: ir.Value, arr: Arr2D, element: ir.Type) -> ir.Value:
-                """<cols x element>: arr[b, t0 .. t0 + cols - 1] (block-major, one load)."""
-                ptr = arr.ptr(builder, b, t_first)
-                at = builder.bitcast(ptr, ir.VectorType(element, cols).as_pointer())
-                return builder.load(at, align=4)
+        def by_cols(values: ir.Value) -> ir.Value:
+            """<tile x ...>: lane r * cols + c of ``values``' element c."""
+            return builder.shuffle_vector(values, values, by_col)
 
-            def by_cols(values: ir.Value) -> ir.Value:
-                """<tile x ...>: lane r * cols + c of ``values``' element c."""
-                return builder.shuffle_vector(values, values, by_col)
+        def emit(kind: int) -> list[ir.Value]:
+            size = LAYOUT[kind][0]
+            zero = ir.Constant(tile_ty, [0.0] * tile)
 
-            def emit(kind: int) -> list[ir.Value]:
-                size = LAYOUT[kind][0]
-                zero = ir.Constant(tile_ty, [0.0] * tile)
+            def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                k = builder.mul(b, i64(BLOCK))
+                # the same block of the rows two tiles of four ahead (a group side by side)
+                ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), b, size)
+                for line in range(0, rows * size, 64):
+                    prefetch(builder, builder.gep(ahead, [i64(line)]))
+                blocks = tile_blocks(builder, b_arr, n_first, b, size, rows)
+                lo, hi = tile_codes(builder, kind, blocks)
+                d_rows = row_floats(builder, blocks, 0)
+                biased = kind == 2 and vnni_bytes(16 * rows)  # Q8_0: code + 128
+                if biased:
+                    flip = ir.Constant(lo.type, [128] * lo.type.count)
+                    lo, hi = builder.xor(lo, flip), builder.xor(hi, flip)
+                lane_sums = []
+                for c in range(cols):
+                    t_row = builder.add(t_first, i64(c))
+                    sums = ir.Constant(sum_ty, [0] * lanes)
+                    for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
+                        x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
+                        x = repeated(builder, builder.load(x_ptr, align=1), rows)
+                        if kind == 2 and not biased:  # |x| times codes with x's sign
+                            codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
+                        sums = quads(builder, codes, x, sums)
+                    lane_sums.append(sums)
+                block_total = block_sums(builder, lane_sums)
+                x_sums = per_col(b, x_arr, I32)
+                if biased:
+                    bias = builder.shl(by_cols(x_sums), ir.Constant(block_total.type, [7] * tile))
+                    block_total = builder.sub(block_total, bias)
+                total = builder.sitofp(block_total, tile_ty)
+                dx = per_col(b, d_arr, F32)
+                d = builder.shuffle_vector(d_rows, d_rows, by_row)
+                acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
+                offsets = block_offsets(builder, kind, blocks, d_rows)
+                if offsets is None:
+                    return [acc, accs[1]]
+                m = builder.shuffle_vector(offsets, offsets, by_row)
+                xs = builder.fmul(dx, builder.sitofp(x_sums, dx.type))  # q8_1's s
+                return [acc, fma(builder, m, by_cols(xs), accs[1])]
 
-                def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                    k = builder.mul(b, i64(BLOCK))
-                    # the same block of the rows two tiles of four ahead (a group side by side)
-                    ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), b, size)
-                    for line in range(0, rows * size, 64):
-                        prefetch(builder, builder.gep(ahead, [i64(line)]))
-                    blocks = tile_blocks(builder, b_arr, n_first, b, size, rows)
-                    lo, hi = tile_codes(builder, kind, blocks)
-                    d_rows = row_floats(builder, blocks, 0)
-                    biased = kind == 2 and vnni_bytes(16 * rows)  # Q8_0: code + 128
-                    if biased:
-                        flip = ir.Constant(lo.type, [128] * lo.type.count)
-                        lo, hi = builder.xor(lo, flip), builder.xor(hi, flip)
-                    lane_sums = []
-                    for c in range(cols):
-                        t_row = builder.add(t_first, i64(c))
-                        sums = ir.Constant(sum_ty, [0] * lanes)
-                        for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
-                            x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
-                            x = repeated(builder, builder.load(x_ptr, align=1), rows)
-                            if kind == 2 and not biased:  # |x| times codes with x's sign
-                                codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
-                            sums = quads(builder, codes, x, sums)
-                        lane_sums.append(sums)
-                    block_total = block_sums(builder, lane_sums)
-                    x_sums = per_col(b, x_arr, I32)
-                    if biased:
-                        bias = builder.shl(
-                            by_cols(x_sums), ir.Constant(block_total.type, [7] * tile)
-                        )
-                        block_total = builder.sub(block_total, bias)
-                    total = builder.sitofp(block_total, tile_ty)
-                    dx = per_col(b, d_arr, F32)
-                    d = builder.shuffle_vector(d_rows, d_rows, by_row)
-                    acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
-                    offsets = block_offsets(builder, kind, blocks, d_rows)
-                    if offsets is None:
-                        return [acc, accs[1]]
-                    m = builder.shuffle_vector(offsets, offsets, by_row)
-                    xs = builder.fmul(dx, builder.sitofp(x_sums, dx.type))  # q8_1's s
-                    return [acc, fma(builder, m, by_cols(xs), accs[1])]
+            accs = [zero, zero]
+            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+            result = builder.fadd(accs[0], accs[1])
+            return [builder.extract_element(result, I32(i)) for i in range(tile)]
 
-                accs = [zero, zero]
-                carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-                result = builder.fadd(accs[0], accs[1])
-                return [builder.extract_element(result, I32(i)) for i in range(tile)]
+        return emit
 
-            sums = by_kind(builder, args[0], emit, INT8_KINDS)
-            return context.make_tuple(builder, sig.return_type, sums)
-
-        return sig, codegen
-
-    return int8_dot
+    return int8_tile(tile, emitter)
 
 
 # tiles of WIDE_COLS activation rows first (prefill, batches): the fastest measured on zmm and

@@ -22,8 +22,13 @@ never meets an instruction it lacks (``NUMBA_CPU_NAME=haswell`` compiles the ``a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
 from pagedattn.kernels.target import (
@@ -33,7 +38,7 @@ from pagedattn.kernels.target import (
     has_vnni_512,
     target_cpu,
 )
-from pagedattn.model.block_ir import LAYOUT, Q5_KINDS, ROW_GROUP, block_ptr
+from pagedattn.model.block_ir import INT8_KINDS, LAYOUT, Q5_KINDS, ROW_GROUP, block_ptr, by_kind
 
 I16 = ir.IntType(16)
 GROUPS = 4  # int32 lanes per row of a tile
@@ -310,3 +315,41 @@ def block_offsets(
     if kind in (0, 3):
         return builder.fmul(d_rows, splat(builder, F32(-8.0 if kind == 0 else -16.0), rows))
     return None
+
+
+class TileOperands(NamedTuple):
+    """A tile intrinsic's arrays and first output / activation row, in LLVM IR."""
+
+    blocks: Arr2D  # the weights' blocks (kernels' layout)
+    xq: Arr2D  # int8 activations (T, K)
+    xd: Arr2D  # their block scales (K / 32, T)
+    xsum: Arr2D  # their blocks' integer sums (K / 32, T)
+    n0: ir.Value
+    t0: ir.Value
+
+
+def int8_tile(
+    outputs: int, emitter: Callable[[ir.IRBuilder, TileOperands], Callable[[int], list[ir.Value]]]
+) -> Any:
+    """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, outputs): the values
+    ``emitter(builder, operands)(kind)`` emits for the block kind held by ``kind`` (a variant per
+    kind of :data:`~pagedattn.model.block_ir.INT8_KINDS`)."""
+
+    @intrinsic  # type: ignore[misc]
+    def int8_dot(
+        typingctx: Any, kind: Any, blocks: Any, n0: Any, xq: Any, xd: Any, xsum: Any, t0: Any
+    ) -> Any:
+        sig = types.UniTuple(types.float32, outputs)(kind, blocks, n0, xq, xd, xsum, t0)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            require_int8()  # never emit the x86 intrinsics for a CPU without them
+            blocks, xq, xd, xsum = (
+                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
+            )
+            emit = emitter(builder, TileOperands(blocks, xq, xd, xsum, args[2], args[6]))
+            values = by_kind(builder, args[0], emit, INT8_KINDS)
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    return int8_dot

@@ -13,32 +13,30 @@ the accumulators of eight activation rows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, carried_loop, fma, mask, prefetch, splat
+from pagedattn.kernels.simd_ir import F32, I8, I32, carried_loop, fma, mask, prefetch, splat
 from pagedattn.model.block_ir import (
     BLOCK,
-    INT8_KINDS,
     LAYOUT,
     Q5_KINDS,
     ROW_GROUP,
     block_ptr,
-    by_kind,
 )
 from pagedattn.model.int8_ir import (
     GROUPS,
+    TileOperands,
     abs_bytes,
     as_type,
     block_offsets,
     concat,
     fifth_bits,
+    int8_tile,
     loaded,
     quads,
-    require_int8,
     row_floats,
     signed_like,
     tile_blocks,
@@ -100,86 +98,69 @@ def make_rows_dot(cols: int) -> Any:
     multiple of ROW_GROUP): the same integer sums and float operations, so the same bits."""
     tile = ROWS * cols
 
-    @intrinsic  # type: ignore[misc]
-    def rows_dot(
-        typingctx: Any, kind: Any, blocks: Any, n0: Any, xq: Any, xd: Any, xsum: Any, t0: Any
-    ) -> Any:
-        sig = types.UniTuple(types.float32, tile)(kind, blocks, n0, xq, xd, xsum, t0)
+    def emitter(builder: ir.IRBuilder, ops: TileOperands) -> Callable[[int], list[ir.Value]]:
+        b_arr, q_arr, d_arr, x_arr, n_first, t_first = ops
+        i64 = n_first.type
+        vf = ir.VectorType(F32, ROWS)
+        vi = ir.VectorType(I32, ROWS)
 
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            require_int8()  # never emit the x86 intrinsics for a CPU without them
-            b_arr, q_arr, d_arr, x_arr = (
-                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
-            )
-            n_first, t_first = args[2], args[6]
-            i64 = n_first.type
-            vf = ir.VectorType(F32, ROWS)
-            vi = ir.VectorType(I32, ROWS)
+        def emit(kind: int) -> list[ir.Value]:
+            size = LAYOUT[kind][0]
+            biased = kind == 2 and vnni_bytes(4 * ROWS)  # Q8_0 as code + 128
 
-            def emit(kind: int) -> list[ir.Value]:
-                size = LAYOUT[kind][0]
-                biased = kind == 2 and vnni_bytes(4 * ROWS)  # Q8_0 as code + 128
-
-                def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                    k = builder.mul(b, i64(BLOCK))
-                    blocks: list[ir.Value] = []
-                    for q in range(0, ROWS, GROUPS):
-                        first = builder.add(n_first, i64(q))
-                        ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), b, size)
-                        for line in range(0, ROW_GROUP * size, 64):
-                            prefetch(builder, builder.gep(ahead, [i64(line)]))
-                        blocks += tile_blocks(builder, b_arr, first, b, size, ROW_GROUP)
-                    lo, hi = transposed_codes(builder, kind, blocks)
+            def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                k = builder.mul(b, i64(BLOCK))
+                blocks: list[ir.Value] = []
+                for q in range(0, ROWS, GROUPS):
+                    first = builder.add(n_first, i64(q))
+                    ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), b, size)
+                    for line in range(0, ROW_GROUP * size, 64):
+                        prefetch(builder, builder.gep(ahead, [i64(line)]))
+                    blocks += tile_blocks(builder, b_arr, first, b, size, ROW_GROUP)
+                lo, hi = transposed_codes(builder, kind, blocks)
+                if biased:
+                    flip = ir.Constant(lo[0].type, [128] * lo[0].type.count)
+                    lo = [builder.xor(v, flip) for v in lo]
+                    hi = [builder.xor(v, flip) for v in hi]
+                d = row_floats(builder, blocks, 0)
+                offsets = block_offsets(builder, kind, blocks, d)
+                out = list(accs)
+                for c in range(cols):
+                    t_row = builder.add(t_first, i64(c))
+                    x_words = builder.bitcast(q_arr.ptr(builder, t_row, k), I32.as_pointer())
+                    sums = ir.Constant(vi, [0] * ROWS)
+                    for j, codes in enumerate(lo + hi):
+                        word = builder.load(builder.gep(x_words, [i64(j)]), align=1)
+                        one = builder.insert_element(ir.Constant(vi, ir.Undefined), word, I32(0))
+                        x = as_type(builder, builder.shuffle_vector(one, one, mask([0] * ROWS)), I8)
+                        if kind == 2 and not biased:
+                            codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
+                        sums = quads(builder, codes, x, sums)
+                    x_sum = builder.load(x_arr.ptr(builder, b, t_row))
                     if biased:
-                        flip = ir.Constant(lo[0].type, [128] * lo[0].type.count)
-                        lo = [builder.xor(v, flip) for v in lo]
-                        hi = [builder.xor(v, flip) for v in hi]
-                    d = row_floats(builder, blocks, 0)
-                    offsets = block_offsets(builder, kind, blocks, d)
-                    out = list(accs)
-                    for c in range(cols):
-                        t_row = builder.add(t_first, i64(c))
-                        x_words = builder.bitcast(q_arr.ptr(builder, t_row, k), I32.as_pointer())
-                        sums = ir.Constant(vi, [0] * ROWS)
-                        for j, codes in enumerate(lo + hi):
-                            word = builder.load(builder.gep(x_words, [i64(j)]), align=1)
-                            one = builder.insert_element(
-                                ir.Constant(vi, ir.Undefined), word, I32(0)
-                            )
-                            x = as_type(
-                                builder, builder.shuffle_vector(one, one, mask([0] * ROWS)), I8
-                            )
-                            if kind == 2 and not biased:
-                                codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
-                            sums = quads(builder, codes, x, sums)
-                        x_sum = builder.load(x_arr.ptr(builder, b, t_row))
-                        if biased:
-                            sums = builder.sub(sums, splat_int(builder, builder.shl(x_sum, I32(7))))
-                        dx = builder.load(d_arr.ptr(builder, b, t_row))
-                        ddx = builder.fmul(d, splat(builder, dx, ROWS))
-                        out[c] = fma(builder, ddx, builder.sitofp(sums, vf), out[c])
-                        if offsets is not None:
-                            xs = builder.fmul(dx, builder.sitofp(x_sum, F32))  # q8_1's s
-                            out[cols + c] = fma(
-                                builder, offsets, splat(builder, xs, ROWS), out[cols + c]
-                            )
-                    return out
+                        sums = builder.sub(sums, splat_int(builder, builder.shl(x_sum, I32(7))))
+                    dx = builder.load(d_arr.ptr(builder, b, t_row))
+                    ddx = builder.fmul(d, splat(builder, dx, ROWS))
+                    out[c] = fma(builder, ddx, builder.sitofp(sums, vf), out[c])
+                    if offsets is not None:
+                        xs = builder.fmul(dx, builder.sitofp(x_sum, F32))  # q8_1's s
+                        out[cols + c] = fma(
+                            builder, offsets, splat(builder, xs, ROWS), out[cols + c]
+                        )
+                return out
 
-                accs = [ir.Constant(vf, [0.0] * ROWS)] * (2 * cols)
-                carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
-                results = [builder.fadd(accs[c], accs[cols + c]) for c in range(cols)]
-                return [
-                    builder.extract_element(results[c], I32(r))
-                    for r in range(ROWS)
-                    for c in range(cols)
-                ]
+            accs = [ir.Constant(vf, [0.0] * ROWS)] * (2 * cols)
+            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+            results = [builder.fadd(accs[c], accs[cols + c]) for c in range(cols)]
+            return [
+                builder.extract_element(results[c], I32(r))
+                for r in range(ROWS)
+                for c in range(cols)
+            ]
 
-            sums = by_kind(builder, args[0], emit, INT8_KINDS)
-            return context.make_tuple(builder, sig.return_type, sums)
+        return emit
 
-        return sig, codegen
-
-    return rows_dot
+    return int8_tile(tile, emitter)
 
 
 def splat_int(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
