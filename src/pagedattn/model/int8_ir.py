@@ -84,14 +84,16 @@ def _width(element: ir.Type) -> int:
 
 def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Value:
     """Bytes 16 where bit ``shifts[i] + k`` of ``qh``'s lane ``i`` (the fifth bit of the input
-    held in byte ``k`` of that lane) is set, and 0 elsewhere."""
+    held in byte ``k`` of that lane) is set, and 0 elsewhere: each byte picks the byte of its
+    lane's ``qh`` that holds its bit (``vpshufb``) and tests it."""
     lanes = qh.type.count
-    low_byte = as_type(builder, builder.lshr(qh, ir.Constant(qh.type, shifts)), I8)
-    spread = builder.shuffle_vector(  # each lane's lowest byte in all four of its bytes
-        low_byte, low_byte, mask([4 * (i // 4) for i in range(4 * lanes)])
+    positions = [shifts[i] + k for i in range(lanes) for k in range(4)]
+    qh_bytes = as_type(builder, qh, I8)
+    picked = builder.shuffle_vector(
+        qh_bytes, qh_bytes, mask([4 * (b // 4) + p // 8 for b, p in enumerate(positions)])
     )
-    bytes_ty = spread.type
-    bit = builder.and_(spread, ir.Constant(bytes_ty, [1 << (i % 4) for i in range(4 * lanes)]))
+    bytes_ty = picked.type
+    bit = builder.and_(picked, ir.Constant(bytes_ty, [1 << (p % 8) for p in positions]))
     return builder.select(
         builder.icmp_unsigned("!=", bit, ir.Constant(bytes_ty, [0] * (4 * lanes))),
         ir.Constant(bytes_ty, [16] * (4 * lanes)),
