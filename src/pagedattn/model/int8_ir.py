@@ -200,8 +200,22 @@ def abs_bytes(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 def signed_like(builder: ir.IRBuilder, codes: ir.Value, xq: ir.Value) -> ir.Value:
     """``codes`` negated where ``xq`` is negative (where ``xq`` is 0 the product with
-    ``|xq|`` is 0 either way)."""
-    zero = ir.Constant(codes.type, [0] * codes.type.count)
+    ``|xq|`` is 0 either way): ``vpsignb`` per ymm without AVX512BW (which has no ``vpsignb``
+    on zmm), a masked negate with it."""
+    count = codes.type.count
+    if not has_avx512bw() and count % 32 == 0:
+        v32 = ir.VectorType(I8, 32)
+        parts = [
+            _x86(
+                builder,
+                "llvm.x86.avx2.psign.b",
+                v32,
+                [builder.shuffle_vector(v, v, mask(range(i, i + 32))) for v in (codes, xq)],
+            )
+            for i in range(0, count, 32)
+        ]
+        return concat(builder, parts)
+    zero = ir.Constant(codes.type, [0] * count)
     negative = builder.icmp_signed("<", xq, zero)
     return builder.select(negative, builder.sub(zero, codes), codes)
 
