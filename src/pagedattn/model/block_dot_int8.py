@@ -173,8 +173,8 @@ _int8_rows = make_rows_dot(WIDE_COLS)
 @numba.njit(cache=True, nogil=True, inline="always")
 def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
     """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
-    DECODE_TILE output rows by WIDE_COLS, then INT8_COLS, then single activation rows, then the
-    leftover output rows one by one."""
+    DECODE_TILE output rows by WIDE_COLS (on zmm, a whole task's rows in one tile), then
+    INT8_COLS, then single activation rows, then the leftover output rows one by one."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
     num_rows = xq.shape[0]
