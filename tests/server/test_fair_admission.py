@@ -2,7 +2,8 @@
 sequences than the server runs (a 400 naming ``n`` / ``best_of`` / ``prompt``), the running batch
 never passes ``max_num_seqs`` whatever ``n`` asks, and a stream's longest inter-token gap while a
 request of many prompts x ``n`` runs stays within 3x its longest gap alone (same run), or
-within a quarter of a second when the control's gaps are tens of milliseconds.
+within half a second (and half the big request's own time) when the control's gaps are tens of
+milliseconds.
 
 ``max_num_seqs`` is 8 so that the bound measures the scheduling, not the cost of a step's rows:
 on a CPU a step of 8 decode rows costs under twice a one-row step; one of 16 already about 3x."""
@@ -22,7 +23,10 @@ from tests.server.conftest import RunningServer, serve_app
 from tests.server.test_errors import assert_error_shape
 
 MAX_NUM_SEQS = 8
-JITTER_S = 0.25  # the longest gap accepted whatever the control's (machine noise)
+# the longest gap accepted whatever the control's (machine noise: a shared 2-core machine, CI's
+# background compiles), capped at half the big request's own time so that a stall behind it
+# (a gap of about that whole time) always fails
+JITTER_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +97,14 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
     most_running = 0
     scheduler = srv.app.state.async_engine.engine.scheduler
     big: dict[str, httpx.Response] = {}
-    worker = threading.Thread(
-        target=lambda: big.update(
-            r=_post(srv, **{**big_request, "prompt": [f"Tale {i}:" for i in range(8)]})
-        )
-    )
+    big_s: list[float] = []
+
+    def run_big() -> None:
+        began = time.perf_counter()
+        big["r"] = _post(srv, **{**big_request, "prompt": [f"Tale {i}:" for i in range(8)]})
+        big_s.append(time.perf_counter() - began)
+
+    worker = threading.Thread(target=run_big)
     worker.start()
     while worker.is_alive() or stream.is_alive():
         most_running = max(most_running, len(scheduler.running))
@@ -108,6 +115,7 @@ def test_a_stream_keeps_its_pace_while_a_big_request_runs(srv: RunningServer) ->
     assert 0 < most_running <= MAX_NUM_SEQS
     _stream_gaps(srv, alone, threading.Event(), reasons)  # the control again: the same phase
     assert reasons == ["length"] * 3 and len(loaded) >= 20 and len(alone) >= 40
-    # a stall is seconds (every sequence of the big request ahead of the stream); a gap of a
-    # few tens of ms more is the other work of a shared 2-core machine, not the scheduler
-    assert max(loaded) <= max(3 * max(alone), JITTER_S), (loaded, alone)
+    # a stall is about the big request's whole time (every sequence of it ahead of the
+    # stream); a gap of tens of ms more is the other work of a shared 2-core machine
+    bound = max(3 * max(alone), min(JITTER_S, big_s[0] / 2))
+    assert max(loaded) <= bound, (loaded, alone, big_s)
