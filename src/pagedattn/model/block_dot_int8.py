@@ -46,18 +46,17 @@ from pagedattn.model.block_ir import BLOCK, LAYOUT, ROW_GROUP, block_ptr
 from pagedattn.model.int8_ir import (
     GROUPS,
     TileOperands,
-    abs_bytes,
+    biased_q8,
     block_offsets,
     block_sums,
     int8_path,
     int8_tile,
+    operands,
     quads,
     repeated,
     row_floats,
-    signed_like,
     tile_blocks,
     tile_codes,
-    vnni_bytes,
 )
 from pagedattn.model.int8_quantize import quantize_activations_serial
 from pagedattn.model.int8_row_tiles import ROWS, make_rows_dot
@@ -115,10 +114,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                 blocks = tile_blocks(builder, b_arr, n_first, b, size, rows)
                 lo, hi = tile_codes(builder, kind, blocks)
                 d_rows = row_floats(builder, blocks, 0)
-                biased = kind == 2 and vnni_bytes(16 * rows)  # Q8_0: code + 128
-                if biased:
-                    flip = ir.Constant(lo.type, [128] * lo.type.count)
-                    lo, hi = builder.xor(lo, flip), builder.xor(hi, flip)
+                biased = biased_q8(kind, lo.type.count)
                 lane_sums = []
                 for c in range(cols):
                     t_row = builder.add(t_first, i64(c))
@@ -126,9 +122,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
                         x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
                         x = repeated(builder, builder.load(x_ptr, align=1), rows)
-                        if kind == 2 and not biased:  # |x| times codes with x's sign
-                            codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
-                        sums = quads(builder, codes, x, sums)
+                        sums = quads(builder, *operands(builder, kind, biased, codes, x), sums)
                     lane_sums.append(sums)
                 block_total = block_sums(builder, lane_sums)
                 x_sums = per_col(b, x_arr, I32)

@@ -56,6 +56,8 @@ SHAPES = {
 NAMES = {kind: name for name, kind in KINDS.items()}
 INT8_KINDS = (0, 1, 2, 3, 4)  # the kinds the int8-activation kernels read
 Q5_KINDS = (3, 4)  # Q5_0 / Q5_1: 32 fifth bits between the header fields and the codes
+MINIMUM_KINDS = (1, 4)  # Q4_1 / Q5_1: a float32 minimum (the offset) after the scale
+CENTRED = {0: -8.0, 3: -16.0}  # Q4_0 / Q5_0: offset = this * scale (codes stored + 8 / + 16)
 # kind -> (bytes per block, bytes before the codes, 4-bit codes?) of the 32-input formats in
 # the kernels' layout (Q5_0 / Q5_1: nibbles, their fifth bits in the 4 bytes before them)
 LAYOUT = {
@@ -141,10 +143,10 @@ def scale_offset(builder: ir.IRBuilder, kind: int, block: ir.Value) -> tuple[ir.
     its first byte, the kernels' layout): the scale, then Q4_1's / Q5_1's minimum, Q4_0's
     ``-8 * scale`` or Q5_0's ``-16 * scale`` (codes stored + 8 / + 16; exact) or Q8_0's 0."""
     d = float_at(builder, block, 0)
-    if kind in (1, 4):
+    if kind in MINIMUM_KINDS:
         return d, float_at(builder, block, 4)
-    if kind in (0, 3):
-        return d, builder.fmul(d, F32(-8.0 if kind == 0 else -16.0))
+    if kind in CENTRED:
+        return d, builder.fmul(d, F32(CENTRED[kind]))
     return d, F32(0.0)
 
 

@@ -38,7 +38,17 @@ from pagedattn.kernels.target import (
     has_vnni_512,
     target_cpu,
 )
-from pagedattn.model.block_ir import INT8_KINDS, LAYOUT, Q5_KINDS, ROW_GROUP, block_ptr, by_kind
+from pagedattn.model.block_ir import (
+    CENTRED,
+    INT8_KINDS,
+    KINDS,
+    LAYOUT,
+    MINIMUM_KINDS,
+    Q5_KINDS,
+    ROW_GROUP,
+    block_ptr,
+    by_kind,
+)
 
 I16 = ir.IntType(16)
 GROUPS = 4  # int32 lanes per row of a tile
@@ -105,13 +115,17 @@ def tile_codes(
     builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
 ) -> tuple[ir.Value, ir.Value]:
     """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
-    block, the kernels' layout): Q8_0's signed codes 0-15 and 16-31 of each row; the 4-bit
+    block, the kernels' layout): Q8_0's codes 0-15 and 16-31 of each row (signed, or
+    :func:`biased_q8`'s ``code + 128``); the 4-bit
     kinds' low and high nibbles (byte j: inputs j and 16 + j), with Q5_0 / Q5_1's fifth bit
     (bit j of the 32 bits before the codes: input j) as 16."""
     header = LAYOUT[kind][1]
     v16 = ir.VectorType(I8, 16)
     if not LAYOUT[kind][2]:  # Q8_0
-        return loaded(builder, blocks, header, v16), loaded(builder, blocks, header + 16, v16)
+        lo, hi = (loaded(builder, blocks, at, v16) for at in (header, header + 16))
+        if not biased_q8(kind, lo.type.count):
+            return lo, hi
+        return code_plus_128(builder, lo), code_plus_128(builder, hi)
     packed = loaded(builder, blocks, header, v16)
     count = packed.type.count
     lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
@@ -250,12 +264,40 @@ def _quads_register(builder: ir.IRBuilder, u: ir.Value, s: ir.Value, acc: ir.Val
     return builder.add(acc, sums)
 
 
+def _register_bytes(count: int) -> int:
+    """The register width (bytes) :func:`quads` sums ``count`` bytes in: 64 on the zmm paths
+    where ``count`` fills whole zmm, else 32 (fewer than 32 bytes are widened to one ymm)."""
+    return 64 if has_avx512bw() and count % 64 == 0 else 32
+
+
 def vnni_bytes(count: int) -> bool:
     """Whether :func:`quads` sums ``count`` bytes with ``vpdpbusd`` (whose int32 sums take any
     unsigned byte, where ``vpmaddubsw``'s int16 pairs would saturate above 2 * 128 * 127)."""
-    if count >= 64 and count % 64 == 0 and has_avx512bw():
-        return has_vnni_512()
-    return has_vnni_256()
+    return has_vnni_512() if _register_bytes(count) == 64 else has_vnni_256()
+
+
+def biased_q8(kind: int, count: int) -> bool:
+    """Whether a tile of ``count`` code bytes of ``kind`` holds Q8_0's signed codes as the
+    unsigned ``code + 128`` (:func:`tile_codes`; the caller takes ``128 * sum(x)`` off each
+    integer sum): where :func:`quads` uses ``vpdpbusd``. Elsewhere Q8_0's codes meet ``|x|``
+    with ``x``'s sign (:func:`operands`)."""
+    return kind == KINDS["Q8_0"] and vnni_bytes(count)
+
+
+def code_plus_128(builder: ir.IRBuilder, codes: ir.Value) -> ir.Value:
+    """Signed code bytes as the unsigned ``code + 128`` (:func:`biased_q8`)."""
+    return builder.xor(codes, ir.Constant(codes.type, [128] * codes.type.count))
+
+
+def operands(
+    builder: ir.IRBuilder, kind: int, biased: bool, codes: ir.Value, x: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """The unsigned and signed operands of :func:`quads` for ``codes`` (from
+    :func:`tile_codes`) and activation bytes ``x``: as they are, or for unbiased Q8_0 codes
+    ``|x|`` and the codes with ``x``'s sign (a product pair at most 2 * 127 * 127)."""
+    if kind == KINDS["Q8_0"] and not biased:
+        return abs_bytes(builder, x), signed_like(builder, codes, x)
+    return codes, x
 
 
 def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value, acc: ir.Value) -> ir.Value:
@@ -276,7 +318,7 @@ def quads(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value, acc: ir.V
             wide_acc,
         )
         return builder.shuffle_vector(out, out, mask(range(count // 4)))
-    step = 64 if has_avx512bw() and count % 64 == 0 else 32
+    step = _register_bytes(count)
     parts = []
     for i in range(0, count, step):
         pick = mask(range(i, i + step))
@@ -323,13 +365,13 @@ def tile_blocks(
 def block_offsets(
     builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
 ) -> ir.Value | None:
-    """<rows x float> of each row's block offset (:func:`pagedattn.model.block_ir.scale_offset`'s
-    values), or None for Q8_0, which has none."""
-    rows = d_rows.type.count
-    if kind in (1, 4):
+    """<rows x float> of each row's block offset (the values of
+    :func:`pagedattn.model.block_ir.scale_offset`, ``d_rows`` the rows' scales), or None for
+    Q8_0, which has none."""
+    if kind in MINIMUM_KINDS:
         return row_floats(builder, blocks, 4)
-    if kind in (0, 3):
-        return builder.fmul(d_rows, splat(builder, F32(-8.0 if kind == 0 else -16.0), rows))
+    if kind in CENTRED:
+        return builder.fmul(d_rows, splat(builder, F32(CENTRED[kind]), d_rows.type.count))
     return None
 
 

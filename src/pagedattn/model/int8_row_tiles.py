@@ -29,18 +29,18 @@ from pagedattn.model.block_ir import (
 from pagedattn.model.int8_ir import (
     GROUPS,
     TileOperands,
-    abs_bytes,
     as_type,
+    biased_q8,
     block_offsets,
+    code_plus_128,
     concat,
     fifth_bits,
     int8_tile,
     loaded,
+    operands,
     quads,
     row_floats,
-    signed_like,
     tile_blocks,
-    vnni_bytes,
 )
 
 ROWS = 16  # output rows per tile: one per int32 lane of a zmm
@@ -67,8 +67,9 @@ def transposed_codes(
 ) -> tuple[list[ir.Value], list[ir.Value]]:
     """The sixteen rows' codes of a block (``blocks``: i8* at each row's, the kernels' layout)
     as ``lo[g]`` and ``hi[g]`` (<64 x i8>): in lane ``r``, row ``r``'s inputs ``4g .. 4g + 3``
-    and ``16 + 4g .. 16 + 4g + 3`` (as :func:`pagedattn.model.int8_ir.tile_codes` codes them:
-    Q8_0 signed, the 4-bit kinds' nibbles with Q5's fifth bit as 16)."""
+    and ``16 + 4g .. 16 + 4g + 3`` (as :func:`pagedattn.model.int8_ir.tile_codes` codes them;
+    transposing the packed codes first, then unpacking, takes fewer shuffles than transposing
+    tile_codes' two results)."""
     header = LAYOUT[kind][1]
 
     def words(offset: int) -> list[ir.Value]:
@@ -78,8 +79,11 @@ def transposed_codes(
         ]
         return [as_type(builder, v, I8) for v in _transposed(builder, per_group)]
 
-    if not LAYOUT[kind][2]:  # Q8_0
-        return words(header), words(header + 16)
+    if not LAYOUT[kind][2]:  # Q8_0 (biased as tile_codes biases it)
+        lo, hi = words(header), words(header + 16)
+        if biased_q8(kind, 16 * GROUPS):
+            return [code_plus_128(builder, v) for v in lo], [code_plus_128(builder, v) for v in hi]
+        return lo, hi
     packed = words(header)
     count = packed[0].type.count
     lo = [builder.and_(p, ir.Constant(p.type, [15] * count)) for p in packed]
@@ -106,7 +110,7 @@ def make_rows_dot(cols: int) -> Any:
 
         def emit(kind: int) -> list[ir.Value]:
             size = LAYOUT[kind][0]
-            biased = kind == 2 and vnni_bytes(4 * ROWS)  # Q8_0 as code + 128
+            biased = biased_q8(kind, 16 * GROUPS)  # as tile_codes codes each group of rows
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
@@ -118,10 +122,6 @@ def make_rows_dot(cols: int) -> Any:
                         prefetch(builder, builder.gep(ahead, [i64(line)]))
                     blocks += tile_blocks(builder, b_arr, first, b, size, ROW_GROUP)
                 lo, hi = transposed_codes(builder, kind, blocks)
-                if biased:
-                    flip = ir.Constant(lo[0].type, [128] * lo[0].type.count)
-                    lo = [builder.xor(v, flip) for v in lo]
-                    hi = [builder.xor(v, flip) for v in hi]
                 d = row_floats(builder, blocks, 0)
                 offsets = block_offsets(builder, kind, blocks, d)
                 out = list(accs)
@@ -131,11 +131,8 @@ def make_rows_dot(cols: int) -> Any:
                     sums = ir.Constant(vi, [0] * ROWS)
                     for j, codes in enumerate(lo + hi):
                         word = builder.load(builder.gep(x_words, [i64(j)]), align=1)
-                        one = builder.insert_element(ir.Constant(vi, ir.Undefined), word, I32(0))
-                        x = as_type(builder, builder.shuffle_vector(one, one, mask([0] * ROWS)), I8)
-                        if kind == 2 and not biased:
-                            codes, x = abs_bytes(builder, x), signed_like(builder, codes, x)
-                        sums = quads(builder, codes, x, sums)
+                        x = as_type(builder, splat_int(builder, word), I8)  # 4 bytes, every row
+                        sums = quads(builder, *operands(builder, kind, biased, codes, x), sums)
                     x_sum = builder.load(x_arr.ptr(builder, b, t_row))
                     if biased:
                         sums = builder.sub(sums, splat_int(builder, builder.shl(x_sum, I32(7))))
