@@ -19,12 +19,21 @@ from gguf.quants import quantize
 
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 
-KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1)
+KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q6_K)
 ROWS = (1, 2, 3, 11)  # every kind of tile: 8, 2 and 1 activation rows
 # 23: rows one after another, five tiles of four output rows and three leftover rows; 24:
 # rows side by side in groups of four (the layout of every real model's matrices), six tiles
 OUTPUTS = (23, 24)
-BLOCKS = 5
+BLOCKS = 5  # 32-input blocks per row (Q6_K: two 256-input super-blocks)
+
+
+def random_q6_k(rows: int, super_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Q6_K rows of random bytes (every code, every int8 scale) with a positive float16 ``d``
+    per super-block (``gguf`` has no Q6_K quantizer)."""
+    raw = rng.integers(0, 256, size=(rows, super_blocks, 210), dtype=np.uint8)
+    d = (rng.random((rows, super_blocks)) * 0.01 + 0.001).astype(np.float16)
+    raw[..., 208:] = d.view(np.uint8).reshape(rows, super_blocks, 2)
+    return raw.reshape(rows, -1)
 
 
 def cases() -> Iterator[tuple[str, np.ndarray, np.ndarray, Q]]:
@@ -33,10 +42,13 @@ def cases() -> Iterator[tuple[str, np.ndarray, np.ndarray, Q]]:
     for kind in KINDS:
         for outputs in OUTPUTS:
             rng = np.random.default_rng(int(kind) + 100 * outputs)
-            w = rng.standard_normal((outputs, 32 * BLOCKS)).astype(np.float32)
-            raw = quantize(w, kind)
+            if kind == Q.Q6_K:
+                k, raw = 512, random_q6_k(outputs, 2, rng)
+            else:
+                k = 32 * BLOCKS
+                raw = quantize(rng.standard_normal((outputs, k)).astype(np.float32), kind)
             for rows in ROWS:
-                x = rng.standard_normal((rows, 32 * BLOCKS)).astype(np.float32)
+                x = rng.standard_normal((rows, k)).astype(np.float32)
                 x[:, 3] *= 30
                 x[0, 32:64] = 0  # an all-zero block: scale 0
                 yield f"{kind.name}_{outputs}_{rows}", x, raw, kind

@@ -139,7 +139,7 @@ def test_parts_in_one_launch_equal_each_part_alone(
     rows: int, outs: list[int], blocks: int, qtypes: list[Q], activations: str, seed: int
 ) -> None:
     """q|k|v and gate|up in one launch: each column block is bitwise what that part gives alone
-    (mixed kinds included; with int8, Q8_0 parts stay exact), and the float32 path matches
+    (mixed kinds included, on either path), and the float32 path matches
     gguf's dequantized weights in float64."""
     parts = [
         _case(q, n, blocks, rows, seed + i)[0]

@@ -2,8 +2,9 @@
 one (``NUMBA_CPU_NAME=haswell``), ymm VNNI (``alderlake``: AVX-VNNI, no AVX-512) and zmm without
 VNNI (``skylake-avx512``), each compiled in a subprocess of its own, and a by-hand float32
 re-derivation of ggml's reference ``ggml_vec_dot_q4_1_q8_1`` (per block the exact integer dot
-product, met by ``d * dx`` in one fused multiply-add, plus the offset term's own accumulator).
-The cases hold matrices of rows one after another (23) and grouped side by side (24)."""
+product, met by ``d * dx`` in one fused multiply-add, plus the offset term's own accumulator;
+Q6_K's two 16-input halves met by their int8 scales in integers first). The cases hold
+matrices of rows one after another (23) and grouped side by side (24)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
 
 from pagedattn.kernels.target import has_avx2, has_avx512bw, has_vnni_256
 from tests.kernel_cache_dirs import kernel_cache_dir
@@ -75,7 +77,66 @@ def _weight_blocks(raw: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray, np
     return codes, d, d * np.float32(-8 if kind == Q.Q4_0 else -16)
 
 
+def _q6_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes (N, B, 32) (0-63, stored + 32), int8 scales (N, B, 2) of each 16-input half and
+    float32 ``d`` (N, B) per 32-input block of ggml's block_q6_K rows (ql[128], qh[64],
+    scales[16], f16 d), read as ``dequantize_row_q6_K`` reads them: for each half of 128
+    inputs and l < 32, ql[l] low / ql[l + 32] low / ql[l] high / ql[l + 32] high nibble with
+    bits 0-1 / 2-3 / 4-5 / 6-7 of qh[l] above it for inputs l, 32 + l, 64 + l, 96 + l."""
+    sb = raw.reshape(raw.shape[0], -1, 210)
+    ql, qh = sb[..., :128].astype(np.int64), sb[..., 128:192].astype(np.int64)
+    codes = np.empty((*sb.shape[:2], 256), np.int64)
+    for n in range(2):
+        low, high = ql[..., 64 * n : 64 * n + 64], qh[..., 32 * n : 32 * n + 32]
+        for q in range(4):
+            nib = (low[..., 32 * (q % 2) : 32 * (q % 2) + 32] >> (4 * (q // 2))) & 15
+            codes[..., 128 * n + 32 * q : 128 * n + 32 * q + 32] = nib | (
+                ((high >> (2 * q)) & 3) << 4
+            )
+    scales = sb[..., 192:208].view(np.int8).astype(np.int64)
+    d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    n_rows, n_super = sb.shape[:2]
+    return (
+        codes.reshape(n_rows, n_super * 8, 32),
+        scales.reshape(n_rows, n_super * 8, 2),
+        np.repeat(d, 8, axis=1),
+    )
+
+
+def test_the_q6_k_reading_is_gguf_s() -> None:
+    """The by-hand Q6_K reading gives ``gguf``'s dequantized weights (``d * scale * (code -
+    32)``), so the oracle below reads the format as ggml does."""
+    raw = int8_path_probe.random_q6_k(3, 2, np.random.default_rng(7))
+    codes, scales, d = _q6_k_blocks(raw)
+    by_half = np.repeat(scales, 16, axis=2).reshape(codes.shape)
+    weights = (d[..., None] * by_half.astype(np.float32)) * (codes - 32).astype(np.float32)
+    want = dequantize(raw, Q.Q6_K).reshape(3, -1)
+    assert np.array_equal(weights.reshape(3, -1), want)
+
+
+def _by_hand_q6_k(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """Per 32-input block: ``sc0 * sum_lo + sc1 * sum_hi`` exactly, each half's ``sum((code -
+    32) * xq)``, rounded once to float32 and met by ``d * dx`` in one fused multiply-add."""
+    codes, scales, d = _q6_k_blocks(raw)
+    out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        xq, xd, _ = _q8_1(x[t])
+        for n in range(raw.shape[0]):
+            acc = np.float32(0)
+            for b in range(xq.shape[0]):
+                centred = (codes[n, b] - 32) * xq[b]
+                total = sum(
+                    int(scales[n, b, h]) * int(centred[16 * h : 16 * h + 16].sum())
+                    for h in range(2)
+                )
+                acc = _fma(d[n, b] * xd[b], np.float32(total), acc)
+            out[t, n] = acc + np.float32(0)
+    return out
+
+
 def _by_hand(x: np.ndarray, raw: np.ndarray, kind: Q) -> np.ndarray:
+    if kind == Q.Q6_K:
+        return _by_hand_q6_k(x, raw)
     codes, scales, offsets = _weight_blocks(raw, kind)
     out = np.empty((x.shape[0], raw.shape[0]), np.float32)
     for t in range(x.shape[0]):

@@ -27,8 +27,10 @@ def mask(indices: range | list[int]) -> ir.Constant:
 
 
 def splat(builder: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
-    """<lanes x float> of the float32 ``value``."""
-    one = builder.insert_element(ir.Constant(ir.VectorType(F32, 1), ir.Undefined), value, I32(0))
+    """<lanes x T> of the scalar ``value`` of type T (a float32, an integer)."""
+    one = builder.insert_element(
+        ir.Constant(ir.VectorType(value.type, 1), ir.Undefined), value, I32(0)
+    )
     return builder.shuffle_vector(one, one, mask([0] * lanes))
 
 

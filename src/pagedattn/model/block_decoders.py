@@ -32,6 +32,7 @@ from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_ir import (
     LANES,
     LAYOUT,
+    Q6_K_FIELDS,
     SHAPES,
     VF,
     decoded_block,
@@ -222,8 +223,9 @@ class _Q6K:
     def __init__(self, builder: ir.IRBuilder, block: ir.Value) -> None:
         b = self._builder = builder
         self._bytes = _Bytes(builder, block)
-        d = splat(b, half_at(b, block, 208), LANES)
-        scale = b.fmul(d, b.sitofp(self._bytes.at(192, signed=True), VF))  # d * scale
+        _, _, scales_at, d_at = Q6_K_FIELDS
+        d = splat(b, half_at(b, block, d_at), LANES)
+        scale = b.fmul(d, b.sitofp(self._bytes.at(scales_at, signed=True), VF))  # d * scale
         self._lanes = _Lanes(b, [scale])
 
     def group(self, g: int) -> list[ir.Value]:
@@ -236,7 +238,7 @@ class _Q6K:
         # per 16 on AVX2), then widened: the same integers
         low = self._bytes.raw(64 * h + 32 * (s % 2), GROUP)
         nib = b.lshr(low, _byte_splat(4)) if s >= 2 else b.and_(low, _byte_splat(15))
-        qh = self._bytes.raw(128 + 32 * h, GROUP)
+        qh = self._bytes.raw(Q6_K_FIELDS[1] + 32 * h, GROUP)
         top = b.shl(b.and_(b.lshr(qh, _byte_splat(2 * s)), _byte_splat(3)), _byte_splat(4))
         codes = b.sub(b.or_(nib, top), _byte_splat(32))  # in [-32, 31]
         for half in range(GROUP // LANES):

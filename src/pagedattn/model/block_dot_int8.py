@@ -4,14 +4,17 @@ llama.cpp's CPU path (``ggml_vec_dot_q4_1_q8_1``, ``ggml_vec_dot_q8_0_q8_0``): e
 block of an activation row is quantized to int8 with a float scale ``dx = max|x| / 127``; a
 block's dot product is then ``d * dx * sum(code * xq) + offset * dx * sum(xq)`` (Q8_0: no
 offset; Q4_0 / Q5_0: offset ``-8 d`` / ``-16 d`` on codes stored + 8 / + 16; Q5_0 / Q5_1 codes
-carry their fifth bit). The integer dot product is exact: four inputs at a time from
+carry their fifth bit; Q6_K, a scale per 16 inputs: ``d * dx * (sc0 * sum_lo + sc1 * sum_hi)``,
+``sum`` over ``(code - 32) * xq``, as the other kinds per 32-input block of the activations,
+not per 256 as ggml's ``q8_K``). The integer dot product is exact: four inputs at a time from
 :func:`pagedattn.model.int8_ir.quads` (AVX2 ``vpmaddubsw`` + ``vpmaddwd``, or VNNI ``vpdpbusd``,
 on ymm or zmm: whichever the target has, the same exact sums; at most 2 * 31 * 127 per byte
 pair for 4- and 5-bit codes, 2 * 127 * 127 for Q8_0's, no saturation), then a block's
 (:func:`pagedattn.model.int8_ir.block_sums`), converted once. A register tile holds four output
 rows' codes side by side, one row per 128-bit lane, and meets each activation row's block
 broadcast to every lane, so that the float work is one multiply-add per (output, activation
-row) and block, 16 of them in one zmm for four rows of eight. Every (row, output) is
+row) and block, 16 of them in one zmm for four rows of eight (Q6_K against one activation row
+takes :mod:`pagedattn.model.int8_q6_k_rows`' tile). Every (row, output) is
 the same sequence of operations for any row count and any of these instruction sets: batch
 invariance holds on this path too, and every x86 path gives the AVX2 path's bits.
 
@@ -42,23 +45,33 @@ from pagedattn.kernels.simd_ir import (
     prefetch,
 )
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, LAYOUT, ROW_GROUP, block_ptr
-from pagedattn.model.int8_ir import (
-    GROUPS,
+from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES, block_ptr
+from pagedattn.model.int8_blocks import (
+    Q6_K,
     TileOperands,
-    biased_q8,
     block_offsets,
-    block_sums,
-    int8_path,
     int8_tile,
-    operands,
-    quads,
-    repeated,
+    minus_32,
+    q6_k_scales,
+    q6_k_sub_scales,
+    q6_k_total,
     row_floats,
+    sub_blocks,
+    super_block,
     tile_blocks,
     tile_codes,
 )
-from pagedattn.model.int8_quantize import quantize_activations_serial
+from pagedattn.model.int8_ir import (
+    GROUPS,
+    biased_q8,
+    block_sums,
+    int8_path,
+    operands,
+    quads,
+    repeated,
+)
+from pagedattn.model.int8_q6_k_rows import make_q6_k_rows_dot
+from pagedattn.model.int8_quantize import HALF, quantize_activations_serial
 from pagedattn.model.int8_row_tiles import ROWS, make_rows_dot
 
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
@@ -67,16 +80,20 @@ INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, 
 def _make_int8_dot(rows: int, cols: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
-    ``xd`` and integer sums ``xsum`` (K / 32, T: block-major); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2
+    ``xd`` (K / 32, T) and the integer sums ``xsum`` of each block's 16-input halves (K / 16,
+    T; both block-major); Q4_0 = 0, Q4_1 = 1, Q8_0 = 2
     (ggml's ``ggml_vec_dot_q8_0_q8_0``: signed codes; with VNNI they meet ``xq`` as the
     unsigned ``code + 128`` and ``128 * xsum`` is taken off the integer sum, without it as
     ``|xq|`` times the codes with ``xq``'s sign, a product pair at most 2 * 127 * 127, below
-    int16's limit), Q5_0 = 3, Q5_1 = 4. A block's codes are unpacked once for the
-    ``cols`` activation rows (:func:`pagedattn.model.int8_ir.tile_codes`). Per (output,
+    int16's limit), Q5_0 = 3, Q5_1 = 4, Q6_K = 7 (a 32-input sub-block of its super-block per
+    step; each half's sum met by its int8 scale first, :mod:`pagedattn.model.int8_blocks`). A
+    block's codes are unpacked once for the ``cols`` activation rows
+    (:func:`pagedattn.model.int8_blocks.tile_codes`). Per (output,
     activation row) and block, as ggml's reference ``ggml_vec_dot_q4_1_q8_1``: ``acc =
     fma(d * dx, float(sum), acc)`` with ``sum`` the block's exact integer dot product, and
     ``off = fma(offset, xs, off)`` with ``xs = dx * float(xsum)`` (q8_1's ``s``); the result
-    is ``acc + off``: the same operations whatever ``rows``, ``cols`` and instruction set."""
+    is ``acc + off`` (Q6_K: no offset term); the same operations whatever ``rows``, ``cols``
+    and instruction set."""
     assert rows in (1, ROW_GROUP)
     tile = rows * cols
     lanes = GROUPS * rows
@@ -101,47 +118,79 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             """<tile x ...>: lane r * cols + c of ``values``' element c."""
             return builder.shuffle_vector(values, values, by_col)
 
+        def by_rows(values: ir.Value) -> ir.Value:
+            """<tile x ...>: lane r * cols + c of ``values``' element r."""
+            return builder.shuffle_vector(values, values, by_row)
+
         def emit(kind: int) -> list[ir.Value]:
-            size = LAYOUT[kind][0]
+            size = SHAPES[kind][1]
+            subs = sub_blocks(kind)  # Q6_K: eight 32-input blocks per super-block
             zero = ir.Constant(tile_ty, [0.0] * tile)
+            # prefetch lines per block: the group's blocks rows * size bytes ahead, spread over
+            # the sub-blocks of a super-block
+            lines = -(-rows * size // (64 * subs))
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
+                sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
                 # the same block of the rows two tiles of four ahead (a group side by side)
-                ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), b, size)
-                for line in range(0, rows * size, 64):
-                    prefetch(builder, builder.gep(ahead, [i64(line)]))
-                blocks = tile_blocks(builder, b_arr, n_first, b, size, rows)
-                lo, hi = tile_codes(builder, kind, blocks)
-                d_rows = row_floats(builder, blocks, 0)
+                ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), sb, size)
+                first_line = i64(0) if sub is None else builder.mul(sub, i64(64 * lines))
+                for line in range(lines):
+                    at = builder.add(first_line, i64(64 * line))
+                    prefetch(builder, builder.gep(ahead, [at]))
+                blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows)
+                lo, hi = tile_codes(builder, kind, blocks, sub)
                 biased = biased_q8(kind, lo.type.count)
-                lane_sums = []
+                split = kind == Q6_K  # a scale per 16 inputs: the halves' sums apart
+                halves: tuple[list[ir.Value], list[ir.Value]] = ([], [])
                 for c in range(cols):
                     t_row = builder.add(t_first, i64(c))
                     sums = ir.Constant(sum_ty, [0] * lanes)
-                    for codes, at in ((lo, k), (hi, builder.add(k, i64(16)))):
+                    for half, (codes, at) in enumerate(((lo, k), (hi, builder.add(k, i64(16))))):
                         x_ptr = builder.bitcast(q_arr.ptr(builder, t_row, at), v16)
                         x = repeated(builder, builder.load(x_ptr, align=1), rows)
                         sums = quads(builder, *operands(builder, kind, biased, codes, x), sums)
-                    lane_sums.append(sums)
-                block_total = block_sums(builder, lane_sums)
-                x_sums = per_col(b, x_arr, I32)
+                        if split or half == 1:
+                            halves[half if split else 0].append(sums)
+                            sums = ir.Constant(sum_ty, [0] * lanes)
+                # <cols x i32>: the integer sums of the block's two halves of activations
+                x_halves = [
+                    per_col(builder.add(builder.mul(b, i64(2)), i64(h)), x_arr, I32)
+                    for h in range(2)
+                ]
+                dx = per_col(b, d_arr, F32)
+                if split:
+                    assert sub is not None
+                    centred = [  # each half's sum of (code - 32) * xq (minus_32)
+                        builder.add(block_sums(builder, h), by_cols(minus_32(builder, x)))
+                        for h, x in zip(halves, x_halves, strict=True)
+                    ]
+                    scales = q6_k_sub_scales(builder, blocks, sub)
+                    block_total = q6_k_total(
+                        builder, (by_rows(scales[0]), by_rows(scales[1])), (centred[0], centred[1])
+                    )
+                    d = by_rows(q6_k_scales(builder, blocks))
+                    total = builder.sitofp(block_total, tile_ty)
+                    return [fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0]), accs[1]]
+                block_total = block_sums(builder, halves[0])
+                x_sums = builder.add(*x_halves)
                 if biased:
                     bias = builder.shl(by_cols(x_sums), ir.Constant(block_total.type, [7] * tile))
                     block_total = builder.sub(block_total, bias)
                 total = builder.sitofp(block_total, tile_ty)
-                dx = per_col(b, d_arr, F32)
-                d = builder.shuffle_vector(d_rows, d_rows, by_row)
+                d_rows = row_floats(builder, blocks, 0)
+                d = by_rows(d_rows)
                 acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
                 offsets = block_offsets(builder, kind, blocks, d_rows)
                 if offsets is None:
                     return [acc, accs[1]]
-                m = builder.shuffle_vector(offsets, offsets, by_row)
                 xs = builder.fmul(dx, builder.sitofp(x_sums, dx.type))  # q8_1's s
-                return [acc, fma(builder, m, by_cols(xs), accs[1])]
+                return [acc, fma(builder, by_rows(offsets), by_cols(xs), accs[1])]
 
             accs = [zero, zero]
-            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+            count = builder.mul(builder.sdiv(b_arr.shape[1], i64(size)), i64(subs))
+            carried_loop(builder, count, accs, body)
             result = builder.fadd(accs[0], accs[1])
             return [builder.extract_element(result, I32(i)) for i in range(tile)]
 
@@ -162,6 +211,9 @@ _int8_one = _make_int8_dot(1, 1)
 # on zmm, a task's sixteen output rows by WIDE_COLS activation rows in one tile
 HAS_ROW_TILE = int8_path() in ("zmm", "vnni-zmm") and ROWS_PER_TASK == ROWS
 _int8_rows = make_rows_dot(WIDE_COLS)
+# Q6_K against one activation row: a row's block per ymm (int8_q6_k_rows)
+_q6_k_four = make_q6_k_rows_dot(DECODE_TILE)
+_q6_k_one = make_q6_k_rows_dot(1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -179,7 +231,8 @@ def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-u
         else:
             cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
-        if HAS_ROW_TILE and cols == WIDE_COLS and n0 + ROWS_PER_TASK <= n1:
+        grouped = blocks.shape[0] % ROW_GROUP == 0  # the sixteen-row tile reads groups
+        if HAS_ROW_TILE and cols == WIDE_COLS and grouped and n0 + ROWS_PER_TASK <= n1:
             rt = _int8_rows(kind, blocks, n0, xq, xd, xsum, t)
             for i in range(ROWS_PER_TASK):
                 for c in range(WIDE_COLS):
@@ -197,13 +250,19 @@ def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-u
                     for c in range(INT8_COLS):
                         out[t + c, col + n + i] = r[i * INT8_COLS + c]
             else:
-                r1 = _int8_col(kind, blocks, n, xq, xd, xsum, t)
+                if kind == Q6_K:
+                    r1 = _q6_k_four(kind, blocks, n, xq, xd, xsum, t)
+                else:
+                    r1 = _int8_col(kind, blocks, n, xq, xd, xsum, t)
                 for i in range(DECODE_TILE):
                     out[t, col + n + i] = r1[i]
             n += DECODE_TILE
         while n < n1:
             for c in range(cols):
-                out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xsum, t + c)[0]
+                if kind == Q6_K:
+                    out[t + c, col + n] = _q6_k_one(kind, blocks, n, xq, xd, xsum, t + c)[0]
+                else:
+                    out[t + c, col + n] = _int8_one(kind, blocks, n, xq, xd, xsum, t + c)[0]
             n += 1
         t += cols
 
@@ -237,6 +296,6 @@ def project_int8(x, b0, b1, b2, kinds, num_parts, out):  # type: ignore[no-untyp
     rows, k = x.shape
     xq = np.empty((rows, k), np.int8)
     xd = np.empty((k // BLOCK, rows), np.float32)
-    xsum = np.empty((k // BLOCK, rows), np.int32)
+    xsum = np.empty((k // HALF, rows), np.int32)
     quantize_activations_serial(x, xq, xd, xsum)
     qmatmul_blocks_int8(xq, xd, xsum, b0, b1, b2, kinds, num_parts, out)

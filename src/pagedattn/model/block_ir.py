@@ -54,7 +54,6 @@ SHAPES = {
     if kind not in READ_AS
 }
 NAMES = {kind: name for name, kind in KINDS.items()}
-INT8_KINDS = (0, 1, 2, 3, 4)  # the kinds the int8-activation kernels read
 Q5_KINDS = (3, 4)  # Q5_0 / Q5_1: 32 fifth bits between the header fields and the codes
 MINIMUM_KINDS = (1, 4)  # Q4_1 / Q5_1: a float32 minimum (the offset) after the scale
 CENTRED = {0: -8.0, 3: -16.0}  # Q4_0 / Q5_0: offset = this * scale (codes stored + 8 / + 16)
@@ -64,6 +63,10 @@ LAYOUT = {
     kind: (SHAPES[kind][1], 4 * fields + (4 if kind in Q5_KINDS else 0), kind != KINDS["Q8_0"])
     for kind, fields in WIDENED_FIELDS.items()
 }
+
+# byte offsets of a Q6_K super-block's fields (ggml ``block_q6_K``): ql[128] (low four bits),
+# qh[64] (two high bits), int8 scales[16] (one per 16 inputs), float16 d
+Q6_K_FIELDS = (0, 128, 192, 208)
 
 VF = ir.VectorType(F32, LANES)
 

@@ -21,12 +21,10 @@ batch-invariance tests compare the two (a sequence alone takes this path, in a b
 the general one). Fusion in the sense of llama.cpp's one graph per step (``llama_decode``),
 not of merged arithmetic.
 
-The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; a tuple of
-per-matrix flags: int8 activations), so Numba compiles :mod:`pagedattn.model.block_dot_int8`,
-and its x86 instructions, only into the specialisation that asks for it. With int8 activations
-each matrix takes the path :func:`~pagedattn.model.quantized.qmatmul` gives it: int8 inputs
-for the types the int8 kernels read (every block type but Q6_K), exact float32 for Q6_K, so a
-Q4_K_M file, which mixes them within a layer, keeps the fused step.
+The int8 path is chosen by the type of the ``int8`` argument (None: exact float32; True: int8
+activations, which the int8 kernels take for every block type), so Numba compiles
+:mod:`pagedattn.model.block_dot_int8`, and its x86 instructions, only into the specialisation
+that asks for it.
 """
 
 from __future__ import annotations
@@ -46,14 +44,10 @@ from pagedattn.model.block_dot import qmatmul_blocks
 from pagedattn.model.gelu_ops import gelu_mul_serial
 from pagedattn.model.row_ops import rms_norm_serial, silu_mul_serial
 
-# the layer's matrices in the order of the fused layer's per-matrix int8 flags
-INT8_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
-
 
 def _project(  # pragma: no cover - replaced by the overload in kernels
     x: Any,
     int8: Any,
-    first: Any,
     b0: Any,
     b1: Any,
     b2: Any,
@@ -63,22 +57,18 @@ def _project(  # pragma: no cover - replaced by the overload in kernels
     out: Any,
 ) -> None:
     """``out = x @ concat(parts).T`` as :func:`pagedattn.model.quantized.qmatmul` does it for
-    a decode step: parts on one path share one register-decode launch (int8: inputs quantized
-    on this thread); parts on different paths (an int8-capable part beside a Q6_K
-    one) each take their own launch, into their own columns, as ``qmatmul`` does.
-
-    int8: None (every part exact) or the layer's per-matrix flags (:data:`INT8_MATRICES`),
-    ``int8[first + p]`` that of part ``p``."""
+    a decode step: the parts share one register-decode launch, exact (``int8`` None) or on int8
+    inputs quantized on this thread (``int8`` True)."""
     raise NotImplementedError("_project is only callable from Numba kernels")
 
 
 # The overload's parameters carry no annotations: Numba requires the typing function's
 # signature to equal its implementations'.
 @overload(_project, inline="always")
-def _project_by_path(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+def _project_by_path(x, int8, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
     if isinstance(int8, types.NoneType):
 
-        def exact(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+        def exact(x, int8, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
             qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
 
         return exact
@@ -88,51 +78,10 @@ def _project_by_path(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out
     require_int8()  # a Python error, never an LLVM abort, on a CPU without AVX2
     impl: Any = project_int8
 
-    def by_part(x, int8, first, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
-        # a missing part takes the previous one's flag (no branches: an inlined overload's
-        # conditional assignments trip Numba's SSA check into a warning at compile time)
-        f0 = int8[first]
-        f1 = int8[first + min(1, num_parts - 1)]
-        f2 = int8[first + min(2, num_parts - 1)]
-        if f0 and f1 and f2:
-            impl(x, b0, b1, b2, kinds, num_parts, out)
-        elif not (f0 or f1 or f2):
-            qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
-        else:  # two or three parts, on both paths: one launch each, into its own columns
-            _part(x, int8, f0, b0, kinds[0], kind_set, out, 0)
-            _part(x, int8, f1, b1, kinds[1], kind_set, out, b0.shape[0])
-            if num_parts > 2:
-                _part(x, int8, f2, b2, kinds[2], kind_set, out, b0.shape[0] + b1.shape[0])
+    def on_int8(x, int8, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+        impl(x, b0, b1, b2, kinds, num_parts, out)
 
-    return by_part
-
-
-def _part(  # pragma: no cover - replaced by the overload in kernels
-    x: Any, int8: Any, flag: Any, blocks: Any, kind: Any, kind_set: Any, out: Any, col: Any
-) -> None:
-    """``out[:, col : col + n] = x @ blocks.T`` for one part of a mixed projection, on the int8
-    path where ``flag`` is true (``int8`` is the layer's flags: their type says whether the
-    int8 kernels are compiled in)."""
-    raise NotImplementedError("_part is only callable from Numba kernels")
-
-
-@overload(_part, inline="always")
-def _part_by_path(x, int8, flag, blocks, kind, kind_set, out, col):  # type: ignore[no-untyped-def]
-    if isinstance(int8, types.NoneType):
-        return None  # only the int8 specialization has mixed projections
-    from pagedattn.model.block_dot_int8 import project_int8
-
-    impl: Any = project_int8
-
-    def one(x, int8, flag, blocks, kind, kind_set, out, col):  # type: ignore[no-untyped-def]
-        values = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-        if flag:
-            impl(x, blocks, blocks, blocks, (kind, kind, kind), 1, values)
-        else:
-            qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), kind_set, 1, values)
-        out[:, col : col + blocks.shape[0]] = values
-
-    return one
+    return on_int8
 
 
 @numba.njit(cache=True, nogil=True)
@@ -184,9 +133,8 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     :data:`~pagedattn.model.block_ir.KINDS`) as tuples for the fused launches; kind_set: the
     :func:`~pagedattn.model.block_ir.kind_set` of the model's kinds (one compiled layer per
     model's set of block types, holding only their variants); int8: None
-    (every projection exact float32) or, with int8 activations, a flag per matrix in
-    :data:`INT8_MATRICES` order (True: that matrix meets int8 inputs, as
-    :func:`~pagedattn.model.quantized.qmatmul` chooses; False: exact); cos, sin:
+    (every projection exact float32) or True (every projection on int8 inputs, as
+    :func:`~pagedattn.model.quantized.qmatmul` runs block matrices with int8 activations); cos, sin:
     (T, D/2) float32 RoPE tables; keep, pages, offsets: the step's slot plan; k_cache, v_cache:
     this layer's (num_pages, nkv, page_size, D) pool (float32, float16 bits, or int8 D + 4
     wide); tables, ctx, splits, num_splits, scale, window, num_sink: the step's validated
@@ -203,7 +151,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     h = np.empty((rows, hidden), np.float32)
     rms_norm_serial(x, attn_norm, eps, h)
     qkv = np.empty((rows, q_width + 2 * kv_width), np.float32)
-    _project(h, int8, 0, bq, bk, bv, qkv_kinds, kind_set, 3, qkv)
+    _project(h, int8, bq, bk, bv, qkv_kinds, kind_set, 3, qkv)
     if qkv_bias.shape[0] > 0:
         for r in range(rows):
             qkv[r] += qkv_bias
@@ -228,7 +176,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     )
     o = np.empty((rows, hidden), np.float32)
     o_kinds = (o_kind, o_kind, o_kind)
-    _project(attn.reshape((rows, q_width)), int8, 3, bo, bo, bo, o_kinds, kind_set, 1, o)
+    _project(attn.reshape((rows, q_width)), int8, bo, bo, bo, o_kinds, kind_set, 1, o)
     if post_attn_norm.shape[0] > 0:
         on = np.empty((rows, hidden), np.float32)
         rms_norm_serial(o, post_attn_norm, eps, on)
@@ -239,7 +187,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     inter = bg.shape[0]
     gate_up = np.empty((rows, 2 * inter), np.float32)
     kind3 = (gate_up_kinds[0], gate_up_kinds[1], gate_up_kinds[1])
-    _project(h, int8, 4, bg, bu, bu, kind3, kind_set, 2, gate_up)
+    _project(h, int8, bg, bu, bu, kind3, kind_set, 2, gate_up)
     act = np.empty((rows, inter), np.float32)
     if gelu:
         gelu_mul_serial(gate_up, act)
@@ -247,7 +195,7 @@ def decode_layer(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         silu_mul_serial(gate_up, act)
     down = np.empty((rows, hidden), np.float32)
     d_kinds = (down_kind, down_kind, down_kind)
-    _project(act, int8, 6, bd, bd, bd, d_kinds, kind_set, 1, down)
+    _project(act, int8, bd, bd, bd, d_kinds, kind_set, 1, down)
     if post_mlp_norm.shape[0] > 0:
         dn = np.empty((rows, hidden), np.float32)
         rms_norm_serial(down, post_mlp_norm, eps, dn)

@@ -163,11 +163,9 @@ class DecoderModel:
         if fused_decode and all(f is not None for f in fused):
             self._fused = [f for f in fused if f is not None]
             self._fused_extras = [layer.fused_extras() for layer in self.layers]
-        # int8 activations: each matrix's path, as qmatmul chooses it (int8 for Q4_0 / Q4_1 /
-        # Q8_0, exact for the other types); None: the exact specialization of the fused layer
-        self._int8_flags = [
-            layer.int8_flags() if activations == "int8" else None for layer in self.layers
-        ]
+        # the fused layer's int8 argument: True with int8 activations (every block matrix on
+        # the int8 path, as qmatmul runs it), None for its exact specialization
+        self._int8 = True if activations == "int8" else None
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, activations: str = "float32") -> DecoderModel:
@@ -352,7 +350,7 @@ class DecoderModel:
             plan = split.decode_plan(cache_shape, c.layer_window(li), c.attn_scale)
             cos, sin = ropes[li]
             decode_layer(  # type: ignore[call-arg]
-                x, eps, *weights, self._int8_flags[li], c.num_heads, cos, sin, slots.keep,
+                x, eps, *weights, self._int8, c.num_heads, cos, sin, slots.keep,
                 slots.pages, slots.offsets, pool[li, 0], pool[li, 1], plan.tables, plan.ctx,
                 plan.splits, plan.num_splits, plan.scale, plan.window, plan.num_sink_tokens,
                 *self._fused_extras[li], gelu,

@@ -2,9 +2,10 @@
 
 A register tile of ``rows`` output rows is held as vectors of ``4 * rows`` int32 lanes, lane
 ``4 r + g`` for row ``r`` and lane group ``g`` (0-3): a 32-input block's codes are two byte
-vectors (:func:`tile_codes`), ``lo`` with row ``r``'s inputs ``4g .. 4g + 3`` in lane
-``4r + g`` and ``hi`` with its inputs ``16 + 4g .. 16 + 4g + 3``, so each row fills one
-128-bit lane and the block's 16 + 16 activation bytes meet it broadcast to every row
+vectors (:func:`pagedattn.model.int8_blocks.tile_codes`), ``lo`` with row ``r``'s inputs
+``4g .. 4g + 3`` in lane ``4r + g`` and ``hi`` with its inputs ``16 + 4g .. 16 + 4g + 3``, so
+each row fills one 128-bit lane and the block's 16 + 16 activation bytes meet it broadcast to
+every row
 (:func:`repeated`). The unsigned-by-signed byte products of a lane are summed four at a time
 into its int32 (:func:`quads`); each instruction set computes exactly these sums, so the float
 accumulation after them, and every result bit, is the same on all of them:
@@ -22,15 +23,10 @@ never meets an instruction it lacks (``NUMBA_CPU_NAME=haswell`` compiles the ``a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
-
 from llvmlite import ir
-from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
+from pagedattn.kernels.simd_ir import I8, I32, mask
 from pagedattn.kernels.target import (
     has_avx2,
     has_avx512bw,
@@ -38,17 +34,7 @@ from pagedattn.kernels.target import (
     has_vnni_512,
     target_cpu,
 )
-from pagedattn.model.block_ir import (
-    CENTRED,
-    INT8_KINDS,
-    KINDS,
-    LAYOUT,
-    MINIMUM_KINDS,
-    Q5_KINDS,
-    ROW_GROUP,
-    block_ptr,
-    by_kind,
-)
+from pagedattn.model.block_ir import KINDS
 
 I16 = ir.IntType(16)
 GROUPS = 4  # int32 lanes per row of a tile
@@ -69,19 +55,6 @@ def int8_path() -> str:
     return "vnni-ymm" if has_vnni_256() else "avx2"
 
 
-def loaded(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int, ty: ir.Type) -> ir.Value:
-    """<len(blocks) * n x element> (``ty`` = <n x element>), or <len(blocks) x ty> for a
-    scalar ``ty``: the ``ty`` at byte ``offset`` of each block (i8*), one after another."""
-    at = [builder.gep(p, [ir.Constant(ir.IntType(64), offset)]) for p in blocks]
-    values = [builder.load(builder.bitcast(p, ty.as_pointer()), align=1) for p in at]
-    if isinstance(ty, ir.VectorType):
-        return concat(builder, values)
-    out = ir.Constant(ir.VectorType(ty, len(values)), ir.Undefined)
-    for r, v in enumerate(values):
-        out = builder.insert_element(out, v, I32(r))
-    return out
-
-
 def as_type(builder: ir.IRBuilder, value: ir.Value, element: ir.Type) -> ir.Value:
     """``value`` reinterpreted as a vector of ``element`` (same bytes)."""
     bits = value.type.count * _width(value.type.element)
@@ -90,59 +63,6 @@ def as_type(builder: ir.IRBuilder, value: ir.Value, element: ir.Type) -> ir.Valu
 
 def _width(element: ir.Type) -> int:
     return 32 if isinstance(element, ir.FloatType) else int(element.width)
-
-
-def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Value:
-    """Bytes 16 where bit ``shifts[i] + k`` of ``qh``'s lane ``i`` (the fifth bit of the input
-    held in byte ``k`` of that lane) is set, and 0 elsewhere: each byte picks the byte of its
-    lane's ``qh`` that holds its bit (``vpshufb``) and tests it."""
-    lanes = qh.type.count
-    positions = [shifts[i] + k for i in range(lanes) for k in range(4)]
-    qh_bytes = as_type(builder, qh, I8)
-    picked = builder.shuffle_vector(
-        qh_bytes, qh_bytes, mask([4 * (b // 4) + p // 8 for b, p in enumerate(positions)])
-    )
-    bytes_ty = picked.type
-    bit = builder.and_(picked, ir.Constant(bytes_ty, [1 << (p % 8) for p in positions]))
-    return builder.select(
-        builder.icmp_unsigned("!=", bit, ir.Constant(bytes_ty, [0] * (4 * lanes))),
-        ir.Constant(bytes_ty, [16] * (4 * lanes)),
-        ir.Constant(bytes_ty, [0] * (4 * lanes)),
-    )
-
-
-def tile_codes(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
-) -> tuple[ir.Value, ir.Value]:
-    """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
-    block, the kernels' layout): Q8_0's codes 0-15 and 16-31 of each row (signed, or
-    :func:`biased_q8`'s ``code + 128``); the 4-bit
-    kinds' low and high nibbles (byte j: inputs j and 16 + j), with Q5_0 / Q5_1's fifth bit
-    (bit j of the 32 bits before the codes: input j) as 16."""
-    header = LAYOUT[kind][1]
-    v16 = ir.VectorType(I8, 16)
-    if not LAYOUT[kind][2]:  # Q8_0
-        lo, hi = (loaded(builder, blocks, at, v16) for at in (header, header + 16))
-        if not biased_q8(kind, lo.type.count):
-            return lo, hi
-        return code_plus_128(builder, lo), code_plus_128(builder, hi)
-    packed = loaded(builder, blocks, header, v16)
-    count = packed.type.count
-    lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
-    hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
-    if kind in Q5_KINDS:
-        qh = loaded(builder, blocks, header - 4, I32)
-        qh = builder.shuffle_vector(qh, qh, mask([i // GROUPS for i in range(count // 4)]))
-        groups = [4 * (i % GROUPS) for i in range(qh.type.count)]  # lane (r, g): inputs 4g ..
-        lo = builder.or_(lo, fifth_bits(builder, qh, groups))
-        hi = builder.or_(hi, fifth_bits(builder, qh, [16 + s for s in groups]))
-    return lo, hi
-
-
-def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:
-    """<rows x float>: the float32 at byte ``offset`` of each row's block (a widened header
-    field: the scale at 0, Q4_1's / Q5_1's minimum at 4)."""
-    return loaded(builder, blocks, offset, F32)
 
 
 def block_sums(builder: ir.IRBuilder, lane_sums: list[ir.Value]) -> ir.Value:
@@ -346,68 +266,3 @@ def require_int8() -> None:
     reason = int8_unsupported()
     if reason is not None:
         raise ValueError(reason)
-
-
-def tile_blocks(
-    builder: ir.IRBuilder, b_arr: Arr2D, n: ir.Value, b: ir.Value, size: int, rows: int
-) -> list[ir.Value]:
-    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
-    rows of a group: side by side where the matrix is grouped, a row apart where not)."""
-    first = block_ptr(builder, b_arr, n, b, size)
-    if rows == 1:
-        return [first]
-    i64 = n.type
-    grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
-    step = builder.select(grouped, i64(size), b_arr.row_stride)
-    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
-
-
-def block_offsets(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
-) -> ir.Value | None:
-    """<rows x float> of each row's block offset (the values of
-    :func:`pagedattn.model.block_ir.scale_offset`, ``d_rows`` the rows' scales), or None for
-    Q8_0, which has none."""
-    if kind in MINIMUM_KINDS:
-        return row_floats(builder, blocks, 4)
-    if kind in CENTRED:
-        return builder.fmul(d_rows, splat(builder, F32(CENTRED[kind]), d_rows.type.count))
-    return None
-
-
-class TileOperands(NamedTuple):
-    """A tile intrinsic's arrays and first output / activation row, in LLVM IR."""
-
-    blocks: Arr2D  # the weights' blocks (kernels' layout)
-    xq: Arr2D  # int8 activations (T, K)
-    xd: Arr2D  # their block scales (K / 32, T)
-    xsum: Arr2D  # their blocks' integer sums (K / 32, T)
-    n0: ir.Value
-    t0: ir.Value
-
-
-def int8_tile(
-    outputs: int, emitter: Callable[[ir.IRBuilder, TileOperands], Callable[[int], list[ir.Value]]]
-) -> Any:
-    """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, outputs): the values
-    ``emitter(builder, operands)(kind)`` emits for the block kind held by ``kind`` (a variant per
-    kind of :data:`~pagedattn.model.block_ir.INT8_KINDS`)."""
-
-    @intrinsic  # type: ignore[misc]
-    def int8_dot(
-        typingctx: Any, kind: Any, blocks: Any, n0: Any, xq: Any, xd: Any, xsum: Any, t0: Any
-    ) -> Any:
-        sig = types.UniTuple(types.float32, outputs)(kind, blocks, n0, xq, xd, xsum, t0)
-
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
-            require_int8()  # never emit the x86 intrinsics for a CPU without them
-            blocks, xq, xd, xsum = (
-                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
-            )
-            emit = emitter(builder, TileOperands(blocks, xq, xd, xsum, args[2], args[6]))
-            values = by_kind(builder, args[0], emit, INT8_KINDS)
-            return context.make_tuple(builder, sig.return_type, values)
-
-        return sig, codegen
-
-    return int8_dot

@@ -8,7 +8,8 @@ broadcast to every lane (a load folded into the instruction), and the block's in
 products land one per row, with no sum across lanes: about half the instructions of four
 four-row tiles (:mod:`pagedattn.model.block_dot_int8`) for the same integer sums and the same
 float operations, so the same bits. Used on the zmm paths only (32 registers hold the codes and
-the accumulators of eight activation rows).
+the accumulators of eight activation rows), for matrices stored in groups of four rows (every
+real model's), whose rows then lie a constant block apart.
 """
 
 from __future__ import annotations
@@ -24,23 +25,35 @@ from pagedattn.model.block_ir import (
     LAYOUT,
     Q5_KINDS,
     ROW_GROUP,
+    SHAPES,
     block_ptr,
 )
-from pagedattn.model.int8_ir import (
-    GROUPS,
+from pagedattn.model.int8_blocks import (
+    Q6_K,
     TileOperands,
-    as_type,
-    biased_q8,
     block_offsets,
-    code_plus_128,
-    concat,
     fifth_bits,
     int8_tile,
     loaded,
+    minus_32,
+    q6_k_place,
+    q6_k_scales,
+    q6_k_sub_scales,
+    q6_k_total,
+    q6_k_unpack,
+    row_floats,
+    sub_blocks,
+    super_block,
+    tile_blocks,
+)
+from pagedattn.model.int8_ir import (
+    GROUPS,
+    as_type,
+    biased_q8,
+    code_plus_128,
+    concat,
     operands,
     quads,
-    row_floats,
-    tile_blocks,
 )
 
 ROWS = 16  # output rows per tile: one per int32 lane of a zmm
@@ -63,22 +76,32 @@ def _transposed(builder: ir.IRBuilder, per_group: list[ir.Value]) -> list[ir.Val
 
 
 def transposed_codes(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], sub: ir.Value | None = None
 ) -> tuple[list[ir.Value], list[ir.Value]]:
     """The sixteen rows' codes of a block (``blocks``: i8* at each row's, the kernels' layout)
     as ``lo[g]`` and ``hi[g]`` (<64 x i8>): in lane ``r``, row ``r``'s inputs ``4g .. 4g + 3``
-    and ``16 + 4g .. 16 + 4g + 3`` (as :func:`pagedattn.model.int8_ir.tile_codes` codes them;
+    and ``16 + 4g .. 16 + 4g + 3`` (as :func:`pagedattn.model.int8_blocks.tile_codes` codes them;
     transposing the packed codes first, then unpacking, takes fewer shuffles than transposing
-    tile_codes' two results)."""
-    header = LAYOUT[kind][1]
+    tile_codes' two results; Q6_K's ``ql`` and ``qh`` bytes are transposed, then unpacked)."""
 
-    def words(offset: int) -> list[ir.Value]:
+    def words(offset: int | ir.Value) -> list[ir.Value]:
         per_group = [
             as_type(builder, loaded(builder, blocks[q : q + GROUPS], offset, _V16), I32)
             for q in range(0, ROWS, GROUPS)
         ]
         return [as_type(builder, v, I8) for v in _transposed(builder, per_group)]
 
+    if kind == Q6_K:
+        assert sub is not None
+        place = q6_k_place(builder, sub)
+        i64 = sub.type
+        halves = []
+        for part in (0, 16):
+            ql = words(builder.add(place.ql_at, i64(part)))
+            qh = words(builder.add(place.qh_at, i64(part)))
+            halves.append([q6_k_unpack(builder, a, b, place) for a, b in zip(ql, qh, strict=True)])
+        return halves[0], halves[1]
+    header = LAYOUT[kind][1]
     if not LAYOUT[kind][2]:  # Q8_0 (biased as tile_codes biases it)
         lo, hi = words(header), words(header + 16)
         if biased_q8(kind, 16 * GROUPS):
@@ -109,35 +132,63 @@ def make_rows_dot(cols: int) -> Any:
         vi = ir.VectorType(I32, ROWS)
 
         def emit(kind: int) -> list[ir.Value]:
-            size = LAYOUT[kind][0]
+            size = SHAPES[kind][1]
+            subs = sub_blocks(kind)  # Q6_K: eight 32-input blocks per super-block
+            lines = -(-ROW_GROUP * size // (64 * subs))  # prefetched per block and group
             biased = biased_q8(kind, 16 * GROUPS)  # as tile_codes codes each group of rows
+            zero = ir.Constant(vi, [0] * ROWS)
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
+                sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
+                first_line = i64(0) if sub is None else builder.mul(sub, i64(64 * lines))
                 blocks: list[ir.Value] = []
                 for q in range(0, ROWS, GROUPS):
                     first = builder.add(n_first, i64(q))
-                    ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), b, size)
-                    for line in range(0, ROW_GROUP * size, 64):
-                        prefetch(builder, builder.gep(ahead, [i64(line)]))
-                    blocks += tile_blocks(builder, b_arr, first, b, size, ROW_GROUP)
-                lo, hi = transposed_codes(builder, kind, blocks)
-                d = row_floats(builder, blocks, 0)
-                offsets = block_offsets(builder, kind, blocks, d)
+                    ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), sb, size)
+                    for line in range(lines):
+                        at = builder.add(first_line, i64(64 * line))
+                        prefetch(builder, builder.gep(ahead, [at]))
+                    blocks += tile_blocks(builder, b_arr, first, sb, size, ROW_GROUP, True)
+                lo, hi = transposed_codes(builder, kind, blocks, sub)
+                scales = offsets = None
+                if sub is not None:  # Q6_K
+                    d = q6_k_scales(builder, blocks)
+                    scales = q6_k_sub_scales(builder, blocks, sub)
+                else:
+                    d = row_floats(builder, blocks, 0)
+                    offsets = block_offsets(builder, kind, blocks, d)
                 out = list(accs)
                 for c in range(cols):
                     t_row = builder.add(t_first, i64(c))
                     x_words = builder.bitcast(q_arr.ptr(builder, t_row, k), I32.as_pointer())
-                    sums = ir.Constant(vi, [0] * ROWS)
+                    two_b = builder.mul(b, i64(2))
+                    x_halves = [
+                        builder.load(x_arr.ptr(builder, builder.add(two_b, i64(h)), t_row))
+                        for h in range(2)
+                    ]
+                    # the sums of inputs 0-15 and 16-31 (Q6_K: from -32 * sum(xq), minus_32)
+                    halves = [
+                        zero if scales is None else splat(builder, minus_32(builder, x), ROWS)
+                        for x in x_halves
+                    ]
                     for j, codes in enumerate(lo + hi):
                         word = builder.load(builder.gep(x_words, [i64(j)]), align=1)
-                        x = as_type(builder, splat_int(builder, word), I8)  # 4 bytes, every row
-                        sums = quads(builder, *operands(builder, kind, biased, codes, x), sums)
-                    x_sum = builder.load(x_arr.ptr(builder, b, t_row))
-                    if biased:
-                        sums = builder.sub(sums, splat_int(builder, builder.shl(x_sum, I32(7))))
+                        x = as_type(builder, splat(builder, word, ROWS), I8)  # 4 bytes, every row
+                        h = j // GROUPS
+                        halves[h] = quads(
+                            builder, *operands(builder, kind, biased, codes, x), halves[h]
+                        )
                     dx = builder.load(d_arr.ptr(builder, b, t_row))
                     ddx = builder.fmul(d, splat(builder, dx, ROWS))
+                    if scales is not None:
+                        total = q6_k_total(builder, scales, (halves[0], halves[1]))
+                        out[c] = fma(builder, ddx, builder.sitofp(total, vf), out[c])
+                        continue
+                    sums = builder.add(halves[0], halves[1])
+                    x_sum = builder.add(x_halves[0], x_halves[1])
+                    if biased:
+                        sums = builder.sub(sums, splat(builder, builder.shl(x_sum, I32(7)), ROWS))
                     out[c] = fma(builder, ddx, builder.sitofp(sums, vf), out[c])
                     if offsets is not None:
                         xs = builder.fmul(dx, builder.sitofp(x_sum, F32))  # q8_1's s
@@ -147,7 +198,8 @@ def make_rows_dot(cols: int) -> Any:
                 return out
 
             accs = [ir.Constant(vf, [0.0] * ROWS)] * (2 * cols)
-            carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+            count = builder.mul(builder.sdiv(b_arr.shape[1], i64(size)), i64(subs))
+            carried_loop(builder, count, accs, body)
             results = [builder.fadd(accs[c], accs[cols + c]) for c in range(cols)]
             return [
                 builder.extract_element(results[c], I32(r))
@@ -158,10 +210,3 @@ def make_rows_dot(cols: int) -> Any:
         return emit
 
     return int8_tile(tile, emitter)
-
-
-def splat_int(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """<ROWS x i32> of the int32 ``value``."""
-    vi = ir.VectorType(I32, ROWS)
-    one = builder.insert_element(ir.Constant(vi, ir.Undefined), value, I32(0))
-    return builder.shuffle_vector(one, one, mask([0] * ROWS))

@@ -56,17 +56,6 @@ class LayerWeights:
             (bg.kind, bu.kind), bd.blocks, bd.kind, kind_set_of((bq, bk, bv, bo, bg, bu, bd)),
         )  # fmt: skip
 
-    def int8_flags(self) -> tuple[bool, bool, bool, bool, bool, bool, bool]:
-        """Whether each matrix (q, k, v, o, gate, up, down: the fused layer's
-        :data:`~pagedattn.model.decode_layer.INT8_MATRICES`) meets int8 inputs when the model
-        runs int8 activations: the block types the int8 kernels read, as
-        :func:`~pagedattn.model.quantized.qmatmul` decides; the others stay exact."""
-        q, k, v = self.qkv
-        gate, up = self.gate_up
-        mats = (q, k, v, self.o, gate, up, self.down)
-        f = [isinstance(m, BlockQuantized) and m.int8_capable for m in mats]
-        return (f[0], f[1], f[2], f[3], f[4], f[5], f[6])
-
     def fused_extras(self) -> tuple[np.ndarray, ...]:
         """The family's optional tensors as the fused layer takes them: qkv bias, q/k norms,
         the two output norms, each a writable float32 vector, empty where the family has none

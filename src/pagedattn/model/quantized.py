@@ -34,7 +34,6 @@ from pagedattn.kernels.aligned import aligned, empty_aligned
 from pagedattn.model.block_dot import DECODE_COLS, qmatmul_blocks
 from pagedattn.model.block_ir import (
     FILE_SHAPES,
-    INT8_KINDS,
     KINDS,
     LANES,
     NAMES,
@@ -105,11 +104,6 @@ class BlockQuantized:
         """:attr:`kernel_kinds` and this matrix's kind: the kinds of the register-decode kernel
         reading it (its :func:`~pagedattn.model.block_ir.kind_set`)."""
         return self.kernel_kinds | {self.kind}
-
-    @property
-    def int8_capable(self) -> bool:
-        """Whether the int8-activation kernels read this format (every block type but Q6_K)."""
-        return self.kind in INT8_KINDS
 
     def dequantize(self) -> np.ndarray:
         """(out_features, in_features) float32, bit-identical to ``gguf.quants.dequantize``."""
@@ -250,9 +244,9 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         parts: (out_i, in_features) block-quantized matrices, or float32 arrays (float
             checkpoints: the same dot product, so float models are batch-invariant too).
         activations: ``"float32"`` (default: exact, see the module docstring) or ``"int8"``:
-            block-quantized parts but Q6_K meet ``x`` quantized per 32-input block to int8,
-            as llama.cpp does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster,
-            within about 1% of the exact result; float and Q6_K parts stay exact.
+            block-quantized parts meet ``x`` quantized per 32-input block to int8, as
+            llama.cpp does (:mod:`pagedattn.model.block_dot_int8`, AVX2 or wider): faster,
+            within about 1% of the exact result; float parts stay exact.
 
     Returns:
         (num_tokens, sum(out_i)) float32; bitwise the same row for a token alone or in a batch
@@ -274,7 +268,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
         if k % BLOCK == 0:
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((k // BLOCK, x.shape[0]), np.float32)  # block-major
-            xsum = np.empty(xd.shape, np.int32)
+            xsum = np.empty((2 * xd.shape[0], x.shape[0]), np.int32)  # per 16 inputs
             from pagedattn.model import int8_quantize  # compiled only for the int8 path
 
             quantize = (
@@ -292,7 +286,7 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
     def path(w: Matrix) -> str:  # int8 / registers: qmatmul_blocks(_int8); tiled; float
         if not isinstance(w, BlockQuantized):
             return "float"
-        if int8 is not None and w.int8_capable:
+        if int8 is not None:
             return "int8"
         return "registers" if x.shape[0] <= DECODE_MAX_ROWS else "tiled"
 

@@ -1,0 +1,326 @@
+"""What an int8 register tile reads from the weights' blocks: code bytes, scales and offsets.
+
+A tile of ``rows`` output rows (one, or a :data:`~pagedattn.model.block_ir.ROW_GROUP` group)
+meets the activations one 32-input block at a time. :func:`tile_codes` gives the block's codes
+as two byte vectors, ``lo`` with each row's inputs 0-15 and ``hi`` with its inputs 16-31, one
+row per 16 bytes (:mod:`pagedattn.model.int8_ir` says how they meet the activations): Q8_0's
+int8 codes, the 4-bit kinds' nibbles (with Q5_0 / Q5_1's fifth bit), or Q6_K's six-bit codes,
+whose 32-input sub-block ``sub`` of a 256-input super-block is chosen at run time.
+
+Q6_K (ggml ``block_q6_K``: ``ql[128]``, ``qh[64]``, int8 ``scales[16]``, float16 ``d``) has a
+scale per 16 inputs, so its two halves keep their own integer sums, each met by its int8 scale
+before the one float multiply-add (:func:`q6_k_total`): ``sc0 * sum_lo + sc1 * sum_hi``, exact
+in int32, each half's sum starting at ``-32 * sum(xq)`` (:func:`minus_32`; codes are stored
++ 32) before its ``code * xq`` products are added.
+
+The tile intrinsic wrapper (:func:`int8_tile`) and its operands live here too: every tile
+module reads its arrays through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from pagedattn.kernels.half_ir import widen_half_bits
+from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
+from pagedattn.model.block_ir import (
+    BLOCK,
+    CENTRED,
+    KINDS,
+    LAYOUT,
+    MINIMUM_KINDS,
+    Q5_KINDS,
+    Q6_K_FIELDS,
+    ROW_GROUP,
+    SHAPES,
+    block_ptr,
+    by_kind,
+)
+from pagedattn.model.int8_ir import (
+    GROUPS,
+    I16,
+    as_type,
+    biased_q8,
+    code_plus_128,
+    concat,
+    require_int8,
+)
+
+Q6_K = KINDS["Q6_K"]
+_V16 = ir.VectorType(I8, 16)
+
+
+def sub_blocks(kind: int) -> int:
+    """32-input blocks per block of ``kind`` as the kernels read it (8 for Q6_K, else 1)."""
+    return SHAPES[kind][0] // BLOCK
+
+
+def super_block(builder: ir.IRBuilder, b: ir.Value, subs: int) -> tuple[ir.Value, ir.Value]:
+    """The super-block and the sub-block within it of 32-input block ``b`` (``subs`` per
+    super-block, a power of two)."""
+    assert subs & (subs - 1) == 0
+    i64 = b.type
+    return builder.lshr(b, i64(subs.bit_length() - 1)), builder.and_(b, i64(subs - 1))
+
+
+def loaded(
+    builder: ir.IRBuilder, blocks: list[ir.Value], offset: int | ir.Value, ty: ir.Type
+) -> ir.Value:
+    """<len(blocks) * n x element> (``ty`` = <n x element>), or <len(blocks) x ty> for a
+    scalar ``ty``: the ``ty`` at byte ``offset`` (an int, or an i64 known at run time) of each
+    block (i8*), one after another."""
+    at_byte = ir.Constant(ir.IntType(64), offset) if isinstance(offset, int) else offset
+    at = [builder.gep(p, [at_byte]) for p in blocks]
+    values = [builder.load(builder.bitcast(p, ty.as_pointer()), align=1) for p in at]
+    if isinstance(ty, ir.VectorType):
+        return concat(builder, values)
+    out = ir.Constant(ir.VectorType(ty, len(values)), ir.Undefined)
+    for r, v in enumerate(values):
+        out = builder.insert_element(out, v, I32(r))
+    return out
+
+
+def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Value:
+    """Bytes 16 where bit ``shifts[i] + k`` of ``qh``'s lane ``i`` (the fifth bit of the input
+    held in byte ``k`` of that lane) is set, and 0 elsewhere: each byte picks the byte of its
+    lane's ``qh`` that holds its bit (``vpshufb``) and tests it."""
+    lanes = qh.type.count
+    positions = [shifts[i] + k for i in range(lanes) for k in range(4)]
+    qh_bytes = as_type(builder, qh, I8)
+    picked = builder.shuffle_vector(
+        qh_bytes, qh_bytes, mask([4 * (b // 4) + p // 8 for b, p in enumerate(positions)])
+    )
+    bytes_ty = picked.type
+    bit = builder.and_(picked, ir.Constant(bytes_ty, [1 << (p % 8) for p in positions]))
+    return builder.select(
+        builder.icmp_unsigned("!=", bit, ir.Constant(bytes_ty, [0] * (4 * lanes))),
+        ir.Constant(bytes_ty, [16] * (4 * lanes)),
+        ir.Constant(bytes_ty, [0] * (4 * lanes)),
+    )
+
+
+def tile_codes(
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], sub: ir.Value | None = None
+) -> tuple[ir.Value, ir.Value]:
+    """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
+    block, the kernels' layout): Q8_0's codes 0-15 and 16-31 of each row (signed, or
+    :func:`~pagedattn.model.int8_ir.biased_q8`'s ``code + 128``); the 4-bit kinds' low and high
+    nibbles (byte j: inputs j and 16 + j), with Q5_0 / Q5_1's fifth bit (bit j of the 32 bits
+    before the codes: input j) as 16; Q6_K's codes (0-63) of sub-block ``sub``
+    (:func:`q6_k_codes`)."""
+    if kind == Q6_K:
+        assert sub is not None
+        return q6_k_codes(builder, blocks, sub)
+    header = LAYOUT[kind][1]
+    if not LAYOUT[kind][2]:  # Q8_0
+        lo, hi = (loaded(builder, blocks, at, _V16) for at in (header, header + 16))
+        if not biased_q8(kind, lo.type.count):
+            return lo, hi
+        return code_plus_128(builder, lo), code_plus_128(builder, hi)
+    packed = loaded(builder, blocks, header, _V16)
+    count = packed.type.count
+    lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
+    hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
+    if kind in Q5_KINDS:
+        qh = loaded(builder, blocks, header - 4, I32)
+        qh = builder.shuffle_vector(qh, qh, mask([i // GROUPS for i in range(count // 4)]))
+        groups = [4 * (i % GROUPS) for i in range(qh.type.count)]  # lane (r, g): inputs 4g ..
+        lo = builder.or_(lo, fifth_bits(builder, qh, groups))
+        hi = builder.or_(hi, fifth_bits(builder, qh, [16 + s for s in groups]))
+    return lo, hi
+
+
+class Q6KPlace(NamedTuple):
+    """Where a Q6_K sub-block's codes are (i64 values known at run time): the byte offsets of
+    its inputs 0-15 in ``ql`` and in ``qh`` (inputs 16-31 follow 16 bytes on), and the shifts
+    that bring its nibble and its two high bits down (:func:`q6_k_unpack`)."""
+
+    ql_at: ir.Value
+    qh_at: ir.Value
+    nibble_shift: ir.Value
+    bits_shift: ir.Value
+
+
+def q6_k_place(builder: ir.IRBuilder, sub: ir.Value) -> Q6KPlace:
+    """Sub-block ``sub`` (i64, 0-7) of a Q6_K super-block, as ggml's ``dequantize_row_q6_K``
+    reads it: half ``h = sub / 4`` of 128 inputs, quarter ``s = sub % 4``; input ``l`` (0-31)
+    is the low (``s`` < 2) or high nibble of ``ql[64 h + 32 (s % 2) + l]``, with bits ``2 s``
+    of ``qh[32 h + l]`` above it."""
+    i64 = sub.type
+    ql_at, qh_at, _, _ = Q6_K_FIELDS
+    half = builder.lshr(sub, i64(2))
+    quarter = builder.and_(sub, i64(3))
+    odd = builder.and_(quarter, i64(1))
+    return Q6KPlace(
+        builder.add(builder.mul(half, i64(64)), builder.add(builder.mul(odd, i64(32)), i64(ql_at))),
+        builder.add(builder.mul(half, i64(32)), i64(qh_at)),
+        builder.mul(builder.lshr(quarter, i64(1)), i64(4)),
+        builder.mul(quarter, i64(2)),
+    )
+
+
+def q6_k_unpack(builder: ir.IRBuilder, ql: ir.Value, qh: ir.Value, place: Q6KPlace) -> ir.Value:
+    """Code bytes (0-63) from ``ql`` and ``qh`` bytes of the same inputs: the nibble and the
+    two bits are shifted out of 16-bit lanes by :class:`Q6KPlace`'s amounts (one ``vpsrlw``
+    each) and masked per byte."""
+
+    def shifted(v: ir.Value, by: ir.Value) -> ir.Value:
+        words = as_type(builder, v, I16)
+        amount = splat(builder, builder.trunc(by, I16), words.type.count)
+        return as_type(builder, builder.lshr(words, amount), I8)
+
+    count = ql.type.count
+    nib = builder.and_(shifted(ql, place.nibble_shift), ir.Constant(ql.type, [15] * count))
+    top = builder.and_(shifted(qh, place.bits_shift), ir.Constant(qh.type, [3] * count))
+    return builder.or_(nib, builder.shl(top, ir.Constant(qh.type, [4] * count)))
+
+
+def q6_k_codes(
+    builder: ir.IRBuilder, blocks: list[ir.Value], sub: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """Sub-block ``sub`` of each row's Q6_K super-block as :func:`tile_codes`' ``lo`` and
+    ``hi`` (codes 0-63, stored + 32; :func:`q6_k_place`)."""
+    place = q6_k_place(builder, sub)
+    i64 = sub.type
+    lo, hi = (
+        q6_k_unpack(
+            builder,
+            loaded(builder, blocks, builder.add(place.ql_at, i64(part)), _V16),
+            loaded(builder, blocks, builder.add(place.qh_at, i64(part)), _V16),
+            place,
+        )
+        for part in (0, 16)
+    )
+    return lo, hi
+
+
+def q6_k_sub_scales(
+    builder: ir.IRBuilder, blocks: list[ir.Value], sub: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """<rows x i32> twice: each row's int8 scales of sub-block ``sub``'s two halves
+    (``scales[2 sub]``, ``scales[2 sub + 1]``)."""
+    i64 = sub.type
+    at = builder.add(builder.mul(sub, i64(2)), i64(Q6_K_FIELDS[2]))
+    pairs = as_type(builder, loaded(builder, blocks, at, I16), I8)  # row r: bytes 2r, 2r + 1
+    rows = len(blocks)
+    lo, hi = (
+        builder.sext(
+            builder.shuffle_vector(pairs, pairs, mask([2 * r + i for r in range(rows)])),
+            ir.VectorType(I32, rows),
+        )
+        for i in range(2)
+    )
+    return lo, hi
+
+
+def minus_32(builder: ir.IRBuilder, x_sum: ir.Value) -> ir.Value:
+    """``-32 * x_sum`` (an int32 or a vector of them): where a Q6_K half's sum of ``code * xq``
+    starts, so that it ends as the sum of ``(code - 32) * xq`` (codes are stored + 32)."""
+    ty = x_sum.type
+    count = ty.count if isinstance(ty, ir.VectorType) else 0
+
+    def const(v: int) -> ir.Constant:
+        return ir.Constant(ty, [v] * count) if count else ir.Constant(ty, v)
+
+    return builder.sub(const(0), builder.shl(x_sum, const(5)))
+
+
+def q6_k_total(
+    builder: ir.IRBuilder, scales: tuple[ir.Value, ir.Value], halves: tuple[ir.Value, ir.Value]
+) -> ir.Value:
+    """A Q6_K sub-block's exact integer dot products: ``scales[0] * halves[0] + scales[1] *
+    halves[1]`` per lane, ``halves`` the sums of ``(code - 32) * xq`` of its two 16-input
+    halves (lanes as ``scales``'). At most 2 * 128 * 16 * 32 * 128 in magnitude."""
+    return builder.add(builder.mul(scales[0], halves[0]), builder.mul(scales[1], halves[1]))
+
+
+def q6_k_scales(builder: ir.IRBuilder, blocks: list[ir.Value]) -> ir.Value:
+    """<rows x float>: each row's super-block scale ``d`` (float16, exactly widened)."""
+    return widen_half_bits(builder, loaded(builder, blocks, Q6_K_FIELDS[3], I16))
+
+
+def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:
+    """<rows x float>: the float32 at byte ``offset`` of each row's block (a widened header
+    field: the scale at 0, Q4_1's / Q5_1's minimum at 4)."""
+    return loaded(builder, blocks, offset, F32)
+
+
+def tile_blocks(
+    builder: ir.IRBuilder,
+    b_arr: Arr2D,
+    n: ir.Value,
+    b: ir.Value,
+    size: int,
+    rows: int,
+    grouped: bool = False,
+) -> list[ir.Value]:
+    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
+    rows of a group: side by side where the matrix is grouped, a row apart where not;
+    ``grouped``: the caller knows the matrix is, so the rows are a constant ``size`` apart)."""
+    first = block_ptr(builder, b_arr, n, b, size)
+    if rows == 1:
+        return [first]
+    i64 = n.type
+    if grouped:
+        return [builder.gep(first, [i64(size * r)]) for r in range(rows)]
+    is_grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    step = builder.select(is_grouped, i64(size), b_arr.row_stride)
+    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
+
+
+def block_offsets(
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
+) -> ir.Value | None:
+    """<rows x float> of each row's block offset (the values of
+    :func:`pagedattn.model.block_ir.scale_offset`, ``d_rows`` the rows' scales), or None for
+    Q8_0, which has none."""
+    if kind in MINIMUM_KINDS:
+        return row_floats(builder, blocks, 4)
+    if kind in CENTRED:
+        return builder.fmul(d_rows, splat(builder, F32(CENTRED[kind]), d_rows.type.count))
+    return None
+
+
+class TileOperands(NamedTuple):
+    """A tile intrinsic's arrays and first output / activation row, in LLVM IR."""
+
+    blocks: Arr2D  # the weights' blocks (kernels' layout)
+    xq: Arr2D  # int8 activations (T, K)
+    xd: Arr2D  # their block scales (K / 32, T)
+    xsum: Arr2D  # the integer sums of their 16-input halves of blocks (K / 16, T)
+    n0: ir.Value
+    t0: ir.Value
+
+
+def int8_tile(
+    outputs: int,
+    emitter: Callable[[ir.IRBuilder, TileOperands], Callable[[int], list[ir.Value]]],
+    kinds: tuple[int, ...] = tuple(SHAPES),
+) -> Any:
+    """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, outputs): the values
+    ``emitter(builder, operands)(kind)`` emits for the block kind held by ``kind`` (a variant per
+    kind of ``kinds``: by default every kind the kernels read, Q4_K / Q5_K as Q4_1 / Q5_1)."""
+
+    @intrinsic  # type: ignore[misc]
+    def int8_dot(
+        typingctx: Any, kind: Any, blocks: Any, n0: Any, xq: Any, xd: Any, xsum: Any, t0: Any
+    ) -> Any:
+        sig = types.UniTuple(types.float32, outputs)(kind, blocks, n0, xq, xd, xsum, t0)
+
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> ir.Value:
+            require_int8()  # never emit the x86 intrinsics for a CPU without them
+            blocks, xq, xd, xsum = (
+                Arr2D(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5)
+            )
+            emit = emitter(builder, TileOperands(blocks, xq, xd, xsum, args[2], args[6]))
+            values = by_kind(builder, args[0], emit, kinds)
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    return int8_dot
