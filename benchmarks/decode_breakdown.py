@@ -68,7 +68,7 @@ def main() -> None:
     for _ in range(3):  # the prefill, then two decode steps
         engine.step()
 
-    int8 = args.activations == "int8"  # each matrix on its own path, as the fused step
+    int8 = args.activations == "int8"  # every block matrix on the int8 path, as the fused step
     layers = [layer.fused_args() for layer in model.layers]
     hidden, inter = model.config.hidden_size, model.layers[0].gate_up[0].shape[0]
     rng = np.random.default_rng(0)
@@ -79,39 +79,24 @@ def main() -> None:
     o_out = np.empty((1, hidden), np.float32)
     gate_up = np.empty((1, 2 * inter), np.float32)
 
-    flags = [layer.int8_flags() if int8 else (False,) * 7 for layer in model.layers]
-
-    def _project(x, flags, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
+    def _project(x, b0, b1, b2, kinds, kind_set, num_parts, out):  # type: ignore[no-untyped-def]
         """What decode_layer's fused step runs for one projection (its _project is Numba's):
-        one launch when every part takes the same path, else one launch per part."""
-        from pagedattn.model.block_dot_int8 import project_int8  # compiled for int8 only
+        one launch of its parts, int8 or exact."""
+        if int8:
+            from pagedattn.model.block_dot_int8 import project_int8  # compiled for int8 only
 
-        if all(flags[:num_parts]) or not any(flags[:num_parts]):
-            if flags[0]:
-                project_int8(x, b0, b1, b2, kinds, num_parts, out)
-            else:
-                qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
-            return
-        col = 0
-        parts = (b0, b1, b2)[:num_parts]
-        for flag, blocks, kind in zip(flags, parts, kinds[:num_parts], strict=True):
-            part = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-            if flag:
-                project_int8(x, blocks, blocks, blocks, (kind, kind, kind), 1, part)
-            else:
-                qmatmul_blocks(x, blocks, blocks, blocks, (kind, kind, kind), kind_set, 1, part)
-            out[:, col : col + blocks.shape[0]] = part
-            col += blocks.shape[0]
+            project_int8(x, b0, b1, b2, kinds, num_parts, out)
+        else:
+            qmatmul_blocks(x, b0, b1, b2, kinds, kind_set, num_parts, out)
 
     def matmuls() -> None:
-        for w, f in zip(layers, flags, strict=True):
+        for w in layers:
             assert w is not None
             _, _, bq, bk, bv, qkv_kinds, bo, o_kind, bg, bu, gu_kinds, bd, d_kind, ks = w
-            _project(x, f[0:3], bq, bk, bv, qkv_kinds, ks, 3, qkv)
-            _project(x, f[3:4], bo, bo, bo, (o_kind, o_kind, o_kind), ks, 1, o_out)
-            gu_three = (gu_kinds[0], gu_kinds[1], gu_kinds[1])
-            _project(x, f[4:6], bg, bu, bu, gu_three, ks, 2, gate_up)
-            _project(act, f[6:7], bd, bd, bd, (d_kind, d_kind, d_kind), ks, 1, o_out)
+            _project(x, bq, bk, bv, qkv_kinds, ks, 3, qkv)
+            _project(x, bo, bo, bo, (o_kind, o_kind, o_kind), ks, 1, o_out)
+            _project(x, bg, bu, bu, (gu_kinds[0], gu_kinds[1], gu_kinds[1]), ks, 2, gate_up)
+            _project(act, bd, bd, bd, (d_kind, d_kind, d_kind), ks, 1, o_out)
         qmatmul(x, model.lm_head, activations=args.activations)
 
     c = model.config
@@ -139,25 +124,23 @@ def main() -> None:
         "matmuls": matmuls,
         "attention": attention,
     }
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-        from benchmarks.peers.llamacpp import _last_logits, _load
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+    from benchmarks.peers import llamacpp
 
-        peer, _ = _load(
+    if llamacpp.available():
+        peer, _ = llamacpp._load(
             {"threads": args.threads, "model_path": args.model or embedded_model_path()},
             ctx + 4 * args.rounds + 64,
         )
         peer.reset()
         peer.eval(list(prompt))
-        token = [int(np.argmax(_last_logits(peer)))]
+        token = [int(np.argmax(llamacpp._last_logits(peer)))]
 
         def llama_cpp() -> None:
             peer.eval([token[0]])
-            token[0] = int(np.argmax(_last_logits(peer)))
+            token[0] = int(np.argmax(llamacpp._last_logits(peer)))
 
         timers["llama.cpp"] = llama_cpp
-    except ImportError:
-        pass
     ms = interleaved_median_ms(timers, args.rounds)
     ms["other"] = ms["step"] - ms["matmuls"] - ms["attention"]
     print(
