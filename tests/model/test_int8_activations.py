@@ -1,5 +1,6 @@
-"""``activations="int8"``: 4-bit projections on int8-quantized inputs (llama.cpp's q8_1 scheme),
-an explicit option; checked against a NumPy float64 oracle of ``W @ dequant(quant(x))``."""
+"""``activations="int8"``: block-quantized projections on int8-quantized inputs (llama.cpp's
+q8_1 scheme), an explicit option; checked against a NumPy float64 oracle of
+``W @ dequant(quant(x))``."""
 
 from __future__ import annotations
 

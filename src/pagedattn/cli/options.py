@@ -148,8 +148,8 @@ ActivationsOption = Annotated[
     typer.Option(
         "--activations",
         metavar="float32|int8",
-        help="How the 4-bit projections meet their inputs: float32 (exact, the default) or int8 "
-        "(quantized per 32-input block, as llama.cpp does: faster decoding, not exact; numpy "
+        help="How the block-quantized projections meet their inputs: float32 (exact, the default) "
+        "or int8 (quantized per 32-input block, as llama.cpp does: faster, not exact; numpy "
         "backend, AVX2).",
         rich_help_panel=ENGINE,
     ),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# How 4-bit projections meet their inputs (pagedattn.model.quantized.qmatmul): float32 is exact,
-# int8 (opt-in, not exact) quantizes them per 32-input block as llama.cpp does.
+# How block-quantized projections meet their inputs (pagedattn.model.quantized.qmatmul):
+# float32 is exact, int8 (opt-in, not exact) quantizes them per 32-input block as llama.cpp does.
 ACTIVATIONS = ("float32", "int8")
 
 
