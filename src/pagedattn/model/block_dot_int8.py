@@ -14,7 +14,7 @@ pair for 4- and 5-bit codes, 2 * 127 * 127 for Q8_0's, no saturation), then a bl
 rows' codes side by side, one row per 128-bit lane, and meets each activation row's block
 broadcast to every lane, so that the float work is one multiply-add per (output, activation
 row) and block, 16 of them in one zmm for four rows of eight (Q6_K against one activation row
-takes :mod:`pagedattn.model.int8_q6_k_rows`' tile). Every (row, output) is
+takes :mod:`pagedattn.model.int8_q6_k`' tile). Every (row, output) is
 the same sequence of operations for any row count and any of these instruction sets: batch
 invariance holds on this path too, and every x86 path gives the AVX2 path's bits.
 
@@ -47,14 +47,9 @@ from pagedattn.kernels.simd_ir import (
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES, block_ptr
 from pagedattn.model.int8_blocks import (
-    Q6_K,
     TileOperands,
     block_offsets,
     int8_tile,
-    minus_32,
-    q6_k_scales,
-    q6_k_sub_scales,
-    q6_k_total,
     row_floats,
     sub_blocks,
     super_block,
@@ -70,7 +65,15 @@ from pagedattn.model.int8_ir import (
     quads,
     repeated,
 )
-from pagedattn.model.int8_q6_k_rows import make_q6_k_rows_dot
+from pagedattn.model.int8_q6_k import (
+    Q6_K,
+    make_q6_k_rows_dot,
+    minus_32,
+    q6_k_codes,
+    q6_k_scales,
+    q6_k_sub_scales,
+    q6_k_total,
+)
 from pagedattn.model.int8_quantize import HALF, quantize_activations_serial
 from pagedattn.model.int8_row_tiles import ROWS, make_rows_dot
 
@@ -140,7 +143,10 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     at = builder.add(first_line, i64(64 * line))
                     prefetch(builder, builder.gep(ahead, [at]))
                 blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows)
-                lo, hi = tile_codes(builder, kind, blocks, sub)
+                if sub is None:
+                    lo, hi = tile_codes(builder, kind, blocks)
+                else:  # Q6_K
+                    lo, hi = q6_k_codes(builder, blocks, sub)
                 biased = biased_q8(kind, lo.type.count)
                 split = kind == Q6_K  # a scale per 16 inputs: the halves' sums apart
                 halves: tuple[list[ir.Value], list[ir.Value]] = ([], [])
@@ -211,7 +217,7 @@ _int8_one = _make_int8_dot(1, 1)
 # on zmm, a task's sixteen output rows by WIDE_COLS activation rows in one tile
 HAS_ROW_TILE = int8_path() in ("zmm", "vnni-zmm") and ROWS_PER_TASK == ROWS
 _int8_rows = make_rows_dot(WIDE_COLS)
-# Q6_K against one activation row: a row's block per ymm (int8_q6_k_rows)
+# Q6_K against one activation row: a row's block per ymm (int8_q6_k)
 _q6_k_four = make_q6_k_rows_dot(DECODE_TILE)
 _q6_k_one = make_q6_k_rows_dot(1)
 

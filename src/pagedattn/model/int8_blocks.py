@@ -4,14 +4,8 @@ A tile of ``rows`` output rows (one, or a :data:`~pagedattn.model.block_ir.ROW_G
 meets the activations one 32-input block at a time. :func:`tile_codes` gives the block's codes
 as two byte vectors, ``lo`` with each row's inputs 0-15 and ``hi`` with its inputs 16-31, one
 row per 16 bytes (:mod:`pagedattn.model.int8_ir` says how they meet the activations): Q8_0's
-int8 codes, the 4-bit kinds' nibbles (with Q5_0 / Q5_1's fifth bit), or Q6_K's six-bit codes,
-whose 32-input sub-block ``sub`` of a 256-input super-block is chosen at run time.
-
-Q6_K (ggml ``block_q6_K``: ``ql[128]``, ``qh[64]``, int8 ``scales[16]``, float16 ``d``) has a
-scale per 16 inputs, so its two halves keep their own integer sums, each met by its int8 scale
-before the one float multiply-add (:func:`q6_k_total`): ``sc0 * sum_lo + sc1 * sum_hi``, exact
-in int32, each half's sum starting at ``-32 * sum(xq)`` (:func:`minus_32`; codes are stored
-+ 32) before its ``code * xq`` products are added.
+int8 codes, the 4-bit kinds' nibbles (with Q5_0 / Q5_1's fifth bit); Q6_K's six-bit codes and
+sixteen-input scales are :mod:`pagedattn.model.int8_q6_k`'s.
 
 The tile intrinsic wrapper (:func:`int8_tile`) and its operands live here too: every tile
 module reads its arrays through them.
@@ -26,16 +20,13 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.half_ir import widen_half_bits
 from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
 from pagedattn.model.block_ir import (
     BLOCK,
     CENTRED,
-    KINDS,
     LAYOUT,
     MINIMUM_KINDS,
     Q5_KINDS,
-    Q6_K_FIELDS,
     ROW_GROUP,
     SHAPES,
     block_ptr,
@@ -43,7 +34,6 @@ from pagedattn.model.block_ir import (
 )
 from pagedattn.model.int8_ir import (
     GROUPS,
-    I16,
     as_type,
     biased_q8,
     code_plus_128,
@@ -51,7 +41,6 @@ from pagedattn.model.int8_ir import (
     require_int8,
 )
 
-Q6_K = KINDS["Q6_K"]
 _V16 = ir.VectorType(I8, 16)
 
 
@@ -105,17 +94,13 @@ def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Val
 
 
 def tile_codes(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], sub: ir.Value | None = None
+    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
 ) -> tuple[ir.Value, ir.Value]:
     """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
     block, the kernels' layout): Q8_0's codes 0-15 and 16-31 of each row (signed, or
     :func:`~pagedattn.model.int8_ir.biased_q8`'s ``code + 128``); the 4-bit kinds' low and high
     nibbles (byte j: inputs j and 16 + j), with Q5_0 / Q5_1's fifth bit (bit j of the 32 bits
-    before the codes: input j) as 16; Q6_K's codes (0-63) of sub-block ``sub``
-    (:func:`q6_k_codes`)."""
-    if kind == Q6_K:
-        assert sub is not None
-        return q6_k_codes(builder, blocks, sub)
+    before the codes: input j) as 16 (Q6_K's: :func:`pagedattn.model.int8_q6_k.q6_k_codes`)."""
     header = LAYOUT[kind][1]
     if not LAYOUT[kind][2]:  # Q8_0
         lo, hi = (loaded(builder, blocks, at, _V16) for at in (header, header + 16))
@@ -133,115 +118,6 @@ def tile_codes(
         lo = builder.or_(lo, fifth_bits(builder, qh, groups))
         hi = builder.or_(hi, fifth_bits(builder, qh, [16 + s for s in groups]))
     return lo, hi
-
-
-class Q6KPlace(NamedTuple):
-    """Where a Q6_K sub-block's codes are (i64 values known at run time): the byte offsets of
-    its inputs 0-15 in ``ql`` and in ``qh`` (inputs 16-31 follow 16 bytes on), and the shifts
-    that bring its nibble and its two high bits down (:func:`q6_k_unpack`)."""
-
-    ql_at: ir.Value
-    qh_at: ir.Value
-    nibble_shift: ir.Value
-    bits_shift: ir.Value
-
-
-def q6_k_place(builder: ir.IRBuilder, sub: ir.Value) -> Q6KPlace:
-    """Sub-block ``sub`` (i64, 0-7) of a Q6_K super-block, as ggml's ``dequantize_row_q6_K``
-    reads it: half ``h = sub / 4`` of 128 inputs, quarter ``s = sub % 4``; input ``l`` (0-31)
-    is the low (``s`` < 2) or high nibble of ``ql[64 h + 32 (s % 2) + l]``, with bits ``2 s``
-    of ``qh[32 h + l]`` above it."""
-    i64 = sub.type
-    ql_at, qh_at, _, _ = Q6_K_FIELDS
-    half = builder.lshr(sub, i64(2))
-    quarter = builder.and_(sub, i64(3))
-    odd = builder.and_(quarter, i64(1))
-    return Q6KPlace(
-        builder.add(builder.mul(half, i64(64)), builder.add(builder.mul(odd, i64(32)), i64(ql_at))),
-        builder.add(builder.mul(half, i64(32)), i64(qh_at)),
-        builder.mul(builder.lshr(quarter, i64(1)), i64(4)),
-        builder.mul(quarter, i64(2)),
-    )
-
-
-def q6_k_unpack(builder: ir.IRBuilder, ql: ir.Value, qh: ir.Value, place: Q6KPlace) -> ir.Value:
-    """Code bytes (0-63) from ``ql`` and ``qh`` bytes of the same inputs: the nibble and the
-    two bits are shifted out of 16-bit lanes by :class:`Q6KPlace`'s amounts (one ``vpsrlw``
-    each) and masked per byte."""
-
-    def shifted(v: ir.Value, by: ir.Value) -> ir.Value:
-        words = as_type(builder, v, I16)
-        amount = splat(builder, builder.trunc(by, I16), words.type.count)
-        return as_type(builder, builder.lshr(words, amount), I8)
-
-    count = ql.type.count
-    nib = builder.and_(shifted(ql, place.nibble_shift), ir.Constant(ql.type, [15] * count))
-    top = builder.and_(shifted(qh, place.bits_shift), ir.Constant(qh.type, [3] * count))
-    return builder.or_(nib, builder.shl(top, ir.Constant(qh.type, [4] * count)))
-
-
-def q6_k_codes(
-    builder: ir.IRBuilder, blocks: list[ir.Value], sub: ir.Value
-) -> tuple[ir.Value, ir.Value]:
-    """Sub-block ``sub`` of each row's Q6_K super-block as :func:`tile_codes`' ``lo`` and
-    ``hi`` (codes 0-63, stored + 32; :func:`q6_k_place`)."""
-    place = q6_k_place(builder, sub)
-    i64 = sub.type
-    lo, hi = (
-        q6_k_unpack(
-            builder,
-            loaded(builder, blocks, builder.add(place.ql_at, i64(part)), _V16),
-            loaded(builder, blocks, builder.add(place.qh_at, i64(part)), _V16),
-            place,
-        )
-        for part in (0, 16)
-    )
-    return lo, hi
-
-
-def q6_k_sub_scales(
-    builder: ir.IRBuilder, blocks: list[ir.Value], sub: ir.Value
-) -> tuple[ir.Value, ir.Value]:
-    """<rows x i32> twice: each row's int8 scales of sub-block ``sub``'s two halves
-    (``scales[2 sub]``, ``scales[2 sub + 1]``)."""
-    i64 = sub.type
-    at = builder.add(builder.mul(sub, i64(2)), i64(Q6_K_FIELDS[2]))
-    pairs = as_type(builder, loaded(builder, blocks, at, I16), I8)  # row r: bytes 2r, 2r + 1
-    rows = len(blocks)
-    lo, hi = (
-        builder.sext(
-            builder.shuffle_vector(pairs, pairs, mask([2 * r + i for r in range(rows)])),
-            ir.VectorType(I32, rows),
-        )
-        for i in range(2)
-    )
-    return lo, hi
-
-
-def minus_32(builder: ir.IRBuilder, x_sum: ir.Value) -> ir.Value:
-    """``-32 * x_sum`` (an int32 or a vector of them): where a Q6_K half's sum of ``code * xq``
-    starts, so that it ends as the sum of ``(code - 32) * xq`` (codes are stored + 32)."""
-    ty = x_sum.type
-    count = ty.count if isinstance(ty, ir.VectorType) else 0
-
-    def const(v: int) -> ir.Constant:
-        return ir.Constant(ty, [v] * count) if count else ir.Constant(ty, v)
-
-    return builder.sub(const(0), builder.shl(x_sum, const(5)))
-
-
-def q6_k_total(
-    builder: ir.IRBuilder, scales: tuple[ir.Value, ir.Value], halves: tuple[ir.Value, ir.Value]
-) -> ir.Value:
-    """A Q6_K sub-block's exact integer dot products: ``scales[0] * halves[0] + scales[1] *
-    halves[1]`` per lane, ``halves`` the sums of ``(code - 32) * xq`` of its two 16-input
-    halves (lanes as ``scales``'). At most 2 * 128 * 16 * 32 * 128 in magnitude."""
-    return builder.add(builder.mul(scales[0], halves[0]), builder.mul(scales[1], halves[1]))
-
-
-def q6_k_scales(builder: ir.IRBuilder, blocks: list[ir.Value]) -> ir.Value:
-    """<rows x float>: each row's super-block scale ``d`` (float16, exactly widened)."""
-    return widen_half_bits(builder, loaded(builder, blocks, Q6_K_FIELDS[3], I16))
 
 
 def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:

@@ -29,18 +29,11 @@ from pagedattn.model.block_ir import (
     block_ptr,
 )
 from pagedattn.model.int8_blocks import (
-    Q6_K,
     TileOperands,
     block_offsets,
     fifth_bits,
     int8_tile,
     loaded,
-    minus_32,
-    q6_k_place,
-    q6_k_scales,
-    q6_k_sub_scales,
-    q6_k_total,
-    q6_k_unpack,
     row_floats,
     sub_blocks,
     super_block,
@@ -54,6 +47,15 @@ from pagedattn.model.int8_ir import (
     concat,
     operands,
     quads,
+)
+from pagedattn.model.int8_q6_k import (
+    Q6_K,
+    minus_32,
+    q6_k_place,
+    q6_k_scales,
+    q6_k_sub_scales,
+    q6_k_total,
+    q6_k_unpack,
 )
 
 ROWS = 16  # output rows per tile: one per int32 lane of a zmm
