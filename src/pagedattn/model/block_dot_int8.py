@@ -148,7 +148,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                 else:  # Q6_K
                     lo, hi = q6_k_codes(builder, blocks, sub)
                 biased = biased_q8(kind, lo.type.count)
-                split = kind == Q6_K  # a scale per 16 inputs: the halves' sums apart
+                split = sub is not None  # Q6_K, a scale per 16 inputs: the halves' sums apart
                 halves: tuple[list[ir.Value], list[ir.Value]] = ([], [])
                 for c in range(cols):
                     t_row = builder.add(t_first, i64(c))
@@ -166,8 +166,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                     for h in range(2)
                 ]
                 dx = per_col(b, d_arr, F32)
-                if split:
-                    assert sub is not None
+                if sub is not None:
                     centred = [  # each half's sum of (code - 32) * xq (minus_32)
                         builder.add(block_sums(builder, h), by_cols(minus_32(builder, x)))
                         for h, x in zip(halves, x_halves, strict=True)
