@@ -169,7 +169,8 @@ def make_rows_dot(cols: int) -> Any:
                         builder.load(x_arr.ptr(builder, builder.add(two_b, i64(h)), t_row))
                         for h in range(2)
                     ]
-                    # the sums of inputs 0-15 and 16-31 (Q6_K: from -32 * sum(xq), minus_32)
+                    # the block's sum, or Q6_K's sums of inputs 0-15 and 16-31, each from -32 *
+                    # sum(xq) (minus_32)
                     halves = [
                         zero if scales is None else splat(builder, minus_32(builder, x), ROWS)
                         for x in x_halves
@@ -177,7 +178,7 @@ def make_rows_dot(cols: int) -> Any:
                     for j, codes in enumerate(lo + hi):
                         word = builder.load(builder.gep(x_words, [i64(j)]), align=1)
                         x = as_type(builder, splat(builder, word, ROWS), I8)  # 4 bytes, every row
-                        h = j // GROUPS
+                        h = j // GROUPS if scales is not None else 0  # Q6_K: halves apart
                         halves[h] = quads(
                             builder, *operands(builder, kind, biased, codes, x), halves[h]
                         )
@@ -187,7 +188,7 @@ def make_rows_dot(cols: int) -> Any:
                         total = q6_k_total(builder, scales, (halves[0], halves[1]))
                         out[c] = fma(builder, ddx, builder.sitofp(total, vf), out[c])
                         continue
-                    sums = builder.add(halves[0], halves[1])
+                    sums = halves[0]
                     x_sum = builder.add(x_halves[0], x_halves[1])
                     if biased:
                         sums = builder.sub(sums, splat(builder, builder.shl(x_sum, I32(7)), ROWS))
