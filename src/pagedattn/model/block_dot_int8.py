@@ -42,7 +42,6 @@ from pagedattn.kernels.simd_ir import (
     carried_loop,
     fma,
     mask,
-    prefetch,
 )
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES, block_ptr
@@ -50,6 +49,7 @@ from pagedattn.model.int8_blocks import (
     TileOperands,
     block_offsets,
     int8_tile,
+    prefetch_share,
     row_floats,
     sub_blocks,
     super_block,
@@ -129,19 +129,13 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             size = SHAPES[kind][1]
             subs = sub_blocks(kind)  # Q6_K: eight 32-input blocks per super-block
             zero = ir.Constant(tile_ty, [0.0] * tile)
-            # prefetch lines per block: the group's blocks rows * size bytes ahead, spread over
-            # the sub-blocks of a super-block
-            lines = -(-rows * size // (64 * subs))
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
                 sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
                 # the same block of the rows two tiles of four ahead (a group side by side)
                 ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), sb, size)
-                first_line = i64(0) if sub is None else builder.mul(sub, i64(64 * lines))
-                for line in range(lines):
-                    at = builder.add(first_line, i64(64 * line))
-                    prefetch(builder, builder.gep(ahead, [at]))
+                prefetch_share(builder, ahead, rows * size, sub, subs)
                 blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows)
                 if sub is None:
                     lo, hi = tile_codes(builder, kind, blocks)
@@ -229,6 +223,7 @@ def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-u
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
     num_rows = xq.shape[0]
+    grouped = blocks.shape[0] % ROW_GROUP == 0  # the sixteen-row tile reads groups
     t = 0
     while t < num_rows:
         if t + WIDE_COLS <= num_rows:
@@ -236,7 +231,6 @@ def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-u
         else:
             cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
         n = n0
-        grouped = blocks.shape[0] % ROW_GROUP == 0  # the sixteen-row tile reads groups
         if HAS_ROW_TILE and cols == WIDE_COLS and grouped and n0 + ROWS_PER_TASK <= n1:
             rt = _int8_rows(kind, blocks, n0, xq, xd, xsum, t)
             for i in range(ROWS_PER_TASK):

@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, splat
+from pagedattn.kernels.simd_ir import F32, I8, I32, Arr2D, mask, prefetch, splat
 from pagedattn.model.block_ir import (
     BLOCK,
     CENTRED,
@@ -55,6 +55,19 @@ def super_block(builder: ir.IRBuilder, b: ir.Value, subs: int) -> tuple[ir.Value
     assert subs & (subs - 1) == 0
     i64 = b.type
     return builder.lshr(b, i64(subs.bit_length() - 1)), builder.and_(b, i64(subs - 1))
+
+
+def prefetch_share(
+    builder: ir.IRBuilder, ahead: ir.Value, group_bytes: int, sub: ir.Value | None, subs: int
+) -> None:
+    """Prefetch sub-block ``sub``'s share (of ``subs``) of the ``group_bytes`` bytes at ``ahead``
+    (a tile's blocks further on): all of them where ``sub`` is None, else the cache lines of
+    one ``subs``-th, so that a super-block's blocks are fetched once over its sub-blocks."""
+    i64 = ir.IntType(64)
+    lines = -(-group_bytes // (64 * subs))
+    first = i64(0) if sub is None else builder.mul(sub, i64(64 * lines))
+    for line in range(lines):
+        prefetch(builder, builder.gep(ahead, [builder.add(first, i64(64 * line))]))
 
 
 def loaded(

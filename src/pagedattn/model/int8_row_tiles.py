@@ -19,7 +19,7 @@ from typing import Any
 
 from llvmlite import ir
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, carried_loop, fma, mask, prefetch, splat
+from pagedattn.kernels.simd_ir import F32, I8, I32, carried_loop, fma, mask, splat
 from pagedattn.model.block_ir import (
     BLOCK,
     LAYOUT,
@@ -34,6 +34,7 @@ from pagedattn.model.int8_blocks import (
     fifth_bits,
     int8_tile,
     loaded,
+    prefetch_share,
     row_floats,
     sub_blocks,
     super_block,
@@ -136,21 +137,17 @@ def make_rows_dot(cols: int) -> Any:
         def emit(kind: int) -> list[ir.Value]:
             size = SHAPES[kind][1]
             subs = sub_blocks(kind)  # Q6_K: eight 32-input blocks per super-block
-            lines = -(-ROW_GROUP * size // (64 * subs))  # prefetched per block and group
             biased = biased_q8(kind, 16 * GROUPS)  # as tile_codes codes each group of rows
             zero = ir.Constant(vi, [0] * ROWS)
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
                 sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
-                first_line = i64(0) if sub is None else builder.mul(sub, i64(64 * lines))
                 blocks: list[ir.Value] = []
                 for q in range(0, ROWS, GROUPS):
                     first = builder.add(n_first, i64(q))
                     ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), sb, size)
-                    for line in range(lines):
-                        at = builder.add(first_line, i64(64 * line))
-                        prefetch(builder, builder.gep(ahead, [at]))
+                    prefetch_share(builder, ahead, ROW_GROUP * size, sub, subs)
                     blocks += tile_blocks(builder, b_arr, first, sb, size, ROW_GROUP, True)
                 lo, hi = transposed_codes(builder, kind, blocks, sub)
                 scales = offsets = None

@@ -266,10 +266,11 @@ def qmatmul(x: np.ndarray, *parts: Matrix, activations: str = "float32") -> np.n
     if activations != "float32":
         check_activations(activations)
         if k % BLOCK == 0:
+            from pagedattn.model import int8_quantize  # compiled only for the int8 path
+
             xq = np.empty(x.shape, np.int8)
             xd = np.empty((k // BLOCK, x.shape[0]), np.float32)  # block-major
-            xsum = np.empty((2 * xd.shape[0], x.shape[0]), np.int32)  # per 16 inputs
-            from pagedattn.model import int8_quantize  # compiled only for the int8 path
+            xsum = np.empty((k // int8_quantize.HALF, x.shape[0]), np.int32)  # per 16 inputs
 
             quantize = (
                 int8_quantize.quantize_activations_serial
