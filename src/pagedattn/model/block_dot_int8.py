@@ -44,12 +44,13 @@ from pagedattn.kernels.simd_ir import (
     mask,
 )
 from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
-from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES, block_ptr
+from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES
 from pagedattn.model.int8_blocks import (
+    Blocks,
+    Groups,
     TileOperands,
     block_offsets,
     int8_tile,
-    prefetch_share,
     row_floats,
     sub_blocks,
     super_block,
@@ -80,7 +81,7 @@ from pagedattn.model.int8_row_tiles import ROWS, make_rows_dot
 INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
 
 
-def _make_int8_dot(rows: int, cols: int) -> Any:
+def _make_int8_dot(rows: int, cols: int, kinds: tuple[int, ...] = tuple(SHAPES)) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, rows * cols): at index
     ``r * cols + c``, out[t0 + c, n0 + r] from int8 activations ``xq`` (T, K), block scales
     ``xd`` (K / 32, T) and the integer sums ``xsum`` of each block's 16-input halves (K / 16,
@@ -97,7 +98,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
     ``off = fma(offset, xs, off)`` with ``xs = dx * float(xsum)`` (q8_1's ``s``); the result
     is ``acc + off`` (Q6_K: no offset term); the same operations whatever ``rows``, ``cols``
     and instruction set."""
-    assert rows in (1, ROW_GROUP)
+    assert rows in (1, ROW_GROUP, ROWS)
     tile = rows * cols
     lanes = GROUPS * rows
 
@@ -133,14 +134,17 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
                 sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
-                # the same block of the rows two tiles of four ahead (a group side by side)
-                ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), sb, size)
-                prefetch_share(builder, ahead, rows * size, sub, subs)
-                blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows)
+                # prefetched: the same block of the rows two tiles further (at least eight)
+                pointers = tile_blocks(
+                    builder, b_arr, n_first, sb, size, rows, max(8, 2 * rows), sub, subs
+                )
+                blocks: Blocks = pointers
                 if sub is None:
+                    if rows > 1:  # each group's blocks: one load, fields picked in registers
+                        blocks = Groups.load(builder, pointers[::ROW_GROUP], size)
                     lo, hi = tile_codes(builder, kind, blocks)
                 else:  # Q6_K
-                    lo, hi = q6_k_codes(builder, blocks, sub)
+                    lo, hi = q6_k_codes(builder, pointers, sub)
                 biased = biased_q8(kind, lo.type.count)
                 split = sub is not None  # Q6_K, a scale per 16 inputs: the halves' sums apart
                 halves: tuple[list[ir.Value], list[ir.Value]] = ([], [])
@@ -165,11 +169,11 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
                         builder.add(block_sums(builder, h), by_cols(minus_32(builder, x)))
                         for h, x in zip(halves, x_halves, strict=True)
                     ]
-                    scales = q6_k_sub_scales(builder, blocks, sub)
+                    scales = q6_k_sub_scales(builder, pointers, sub)
                     block_total = q6_k_total(
                         builder, (by_rows(scales[0]), by_rows(scales[1])), (centred[0], centred[1])
                     )
-                    d = by_rows(q6_k_scales(builder, blocks))
+                    d = by_rows(q6_k_scales(builder, pointers))
                     total = builder.sitofp(block_total, tile_ty)
                     return [fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0]), accs[1]]
                 block_total = block_sums(builder, halves[0])
@@ -195,7 +199,7 @@ def _make_int8_dot(rows: int, cols: int) -> Any:
 
         return emit
 
-    return int8_tile(tile, emitter)
+    return int8_tile(tile, emitter, kinds)
 
 
 # tiles of WIDE_COLS activation rows first (prefill, batches): the fastest measured on zmm and
@@ -207,54 +211,68 @@ _int8_wide = _make_int8_dot(DECODE_TILE, WIDE_COLS)
 _int8_tile = _make_int8_dot(DECODE_TILE, INT8_COLS)
 _int8_col = _make_int8_dot(DECODE_TILE, 1)
 _int8_one = _make_int8_dot(1, 1)
-# on zmm, a task's sixteen output rows by WIDE_COLS activation rows in one tile
+# on zmm, a task's sixteen output rows in one tile: by WIDE_COLS activation rows, transposed
+# (int8_row_tiles); by INT8_COLS or one, four groups each loaded whole (the 32-input kinds)
 HAS_ROW_TILE = int8_path() in ("zmm", "vnni-zmm") and ROWS_PER_TASK == ROWS
 _int8_rows = make_rows_dot(WIDE_COLS)
+_GROUP_KINDS = tuple(k for k in SHAPES if k != Q6_K)
+_int8_rows_two = _make_int8_dot(ROWS, INT8_COLS, _GROUP_KINDS)
+_int8_rows_col = _make_int8_dot(ROWS, 1, _GROUP_KINDS)
 # Q6_K against one activation row: a row's block per ymm (int8_q6_k)
 _q6_k_four = make_q6_k_rows_dot(DECODE_TILE)
 _q6_k_one = make_q6_k_rows_dot(1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _put(out, tile, t, col, n, rows, cols):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out[t + c, col + n + i] = tile[i * cols + c] for a tile of ``rows`` x ``cols``."""
+    for i in range(rows):
+        for c in range(cols):
+            out[t + c, col + n + i] = tile[i * cols + c]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _int8_task(xq, xd, xsum, blocks, kind, task, out, col):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``: tiles of
-    DECODE_TILE output rows by WIDE_COLS (on zmm, a whole task's rows in one tile), then
-    INT8_COLS, then single activation rows, then the leftover output rows one by one."""
+    """out[t, col + n] from int8 activations for the ROWS_PER_TASK rows of ``task``, by
+    WIDE_COLS, then INT8_COLS, then single activation rows: on zmm a whole task's rows in one
+    tile (a grouped matrix's), else tiles of DECODE_TILE rows (grouped), then the leftover
+    output rows one by one (every row of a matrix not stored in groups)."""
     n0 = task * ROWS_PER_TASK
     n1 = min(blocks.shape[0], n0 + ROWS_PER_TASK)
     num_rows = xq.shape[0]
-    grouped = blocks.shape[0] % ROW_GROUP == 0  # the sixteen-row tile reads groups
+    grouped = blocks.shape[0] % ROW_GROUP == 0  # the tiles of several rows read groups
+    whole = HAS_ROW_TILE and grouped and n0 + ROWS_PER_TASK <= n1
     t = 0
     while t < num_rows:
         if t + WIDE_COLS <= num_rows:
             cols = WIDE_COLS
         else:
-            cols = INT8_COLS if t + INT8_COLS <= num_rows else 1
+            # Q6_K's one-row tiles beat its four-row tile by two activation rows
+            cols = INT8_COLS if t + INT8_COLS <= num_rows and kind != Q6_K else 1
         n = n0
-        if HAS_ROW_TILE and cols == WIDE_COLS and grouped and n0 + ROWS_PER_TASK <= n1:
-            rt = _int8_rows(kind, blocks, n0, xq, xd, xsum, t)
-            for i in range(ROWS_PER_TASK):
-                for c in range(WIDE_COLS):
-                    out[t + c, col + n0 + i] = rt[i * WIDE_COLS + c]
+        if whole and cols == WIDE_COLS:
+            _put(out, _int8_rows(kind, blocks, n0, xq, xd, xsum, t), t, col, n0, ROWS, cols)
             n = n1
-        while n + DECODE_TILE <= n1:
-            if cols == WIDE_COLS:
-                rw = _int8_wide(kind, blocks, n, xq, xd, xsum, t)
-                for i in range(DECODE_TILE):
-                    for c in range(WIDE_COLS):
-                        out[t + c, col + n + i] = rw[i * WIDE_COLS + c]
-            elif cols == INT8_COLS:
-                r = _int8_tile(kind, blocks, n, xq, xd, xsum, t)
-                for i in range(DECODE_TILE):
-                    for c in range(INT8_COLS):
-                        out[t + c, col + n + i] = r[i * INT8_COLS + c]
+        elif whole and kind != Q6_K:
+            if cols == INT8_COLS:
+                two = _int8_rows_two(kind, blocks, n0, xq, xd, xsum, t)
+                _put(out, two, t, col, n0, ROWS, cols)
             else:
-                if kind == Q6_K:
-                    r1 = _q6_k_four(kind, blocks, n, xq, xd, xsum, t)
-                else:
-                    r1 = _int8_col(kind, blocks, n, xq, xd, xsum, t)
-                for i in range(DECODE_TILE):
-                    out[t, col + n + i] = r1[i]
+                _put(out, _int8_rows_col(kind, blocks, n0, xq, xd, xsum, t), t, col, n0, ROWS, 1)
+            n = n1
+        while grouped and n + DECODE_TILE <= n1:
+            if cols == WIDE_COLS:
+                _put(
+                    out, _int8_wide(kind, blocks, n, xq, xd, xsum, t), t, col, n, DECODE_TILE, cols
+                )
+            elif cols == INT8_COLS:
+                _put(
+                    out, _int8_tile(kind, blocks, n, xq, xd, xsum, t), t, col, n, DECODE_TILE, cols
+                )
+            elif kind == Q6_K:
+                _put(out, _q6_k_four(kind, blocks, n, xq, xd, xsum, t), t, col, n, DECODE_TILE, 1)
+            else:
+                _put(out, _int8_col(kind, blocks, n, xq, xd, xsum, t), t, col, n, DECODE_TILE, 1)
             n += DECODE_TILE
         while n < n1:
             for c in range(cols):

@@ -70,12 +70,45 @@ def prefetch_share(
         prefetch(builder, builder.gep(ahead, [builder.add(first, i64(64 * line))]))
 
 
-def loaded(
-    builder: ir.IRBuilder, blocks: list[ir.Value], offset: int | ir.Value, ty: ir.Type
-) -> ir.Value:
+class Groups(NamedTuple):
+    """Block ``b`` of the rows of one or more ROW_GROUP-row groups (each group's blocks side by
+    side in the kernels' layout), each group's loaded as one vector of ``ROW_GROUP * size / 4``
+    int32 words: a tile picks its fields out of registers (``vpermt2d``), where per-row loads
+    cost a load and an insert per row and field."""
+
+    words: tuple[ir.Value, ...]
+    size: int  # bytes of one row's block
+
+    @classmethod
+    def load(cls, builder: ir.IRBuilder, firsts: list[ir.Value], size: int) -> Groups:
+        """The groups whose first rows' blocks are at ``firsts`` (i8*; 1, 2 or 4 of them)."""
+        ty = ir.VectorType(I32, ROW_GROUP * size // 4).as_pointer()
+        return cls(tuple(builder.load(builder.bitcast(f, ty), align=4) for f in firsts), size)
+
+    def pick(self, builder: ir.IRBuilder, offset: int, ty: ir.Type) -> ir.Value:
+        """As :func:`loaded` gives it for the groups' rows: the ``ty`` at byte ``offset`` (a
+        multiple of 4) of each row's block, group after group."""
+        element = ty.element if isinstance(ty, ir.VectorType) else ty
+        count = ty.count if isinstance(ty, ir.VectorType) else 1
+        words = count * (32 if isinstance(element, ir.FloatType) else element.width) // 32
+        assert offset % 4 == 0 and words >= 1
+        at = mask(
+            [r * self.size // 4 + offset // 4 + w for r in range(ROW_GROUP) for w in range(words)]
+        )
+        picked = [builder.shuffle_vector(w, w, at) for w in self.words]
+        return as_type(builder, concat(builder, picked), element)
+
+
+Blocks = list[ir.Value] | Groups  # i8* at each row's block, or groups' blocks in registers
+
+
+def loaded(builder: ir.IRBuilder, blocks: Blocks, offset: int | ir.Value, ty: ir.Type) -> ir.Value:
     """<len(blocks) * n x element> (``ty`` = <n x element>), or <len(blocks) x ty> for a
     scalar ``ty``: the ``ty`` at byte ``offset`` (an int, or an i64 known at run time) of each
     block (i8*), one after another."""
+    if isinstance(blocks, Groups):
+        assert isinstance(offset, int)
+        return blocks.pick(builder, offset, ty)
     at_byte = ir.Constant(ir.IntType(64), offset) if isinstance(offset, int) else offset
     at = [builder.gep(p, [at_byte]) for p in blocks]
     values = [builder.load(builder.bitcast(p, ty.as_pointer()), align=1) for p in at]
@@ -106,9 +139,7 @@ def fifth_bits(builder: ir.IRBuilder, qh: ir.Value, shifts: list[int]) -> ir.Val
     )
 
 
-def tile_codes(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value]
-) -> tuple[ir.Value, ir.Value]:
+def tile_codes(builder: ir.IRBuilder, kind: int, blocks: Blocks) -> tuple[ir.Value, ir.Value]:
     """The ``lo`` and ``hi`` <16 * rows x i8> code bytes of a tile's blocks (i8* at each row's
     block, the kernels' layout): Q8_0's codes 0-15 and 16-31 of each row (signed, or
     :func:`~pagedattn.model.int8_ir.biased_q8`'s ``code + 128``); the 4-bit kinds' low and high
@@ -133,7 +164,7 @@ def tile_codes(
     return lo, hi
 
 
-def row_floats(builder: ir.IRBuilder, blocks: list[ir.Value], offset: int) -> ir.Value:
+def row_floats(builder: ir.IRBuilder, blocks: Blocks, offset: int) -> ir.Value:
     """<rows x float>: the float32 at byte ``offset`` of each row's block (a widened header
     field: the scale at 0, Q4_1's / Q5_1's minimum at 4)."""
     return loaded(builder, blocks, offset, F32)
@@ -146,24 +177,29 @@ def tile_blocks(
     b: ir.Value,
     size: int,
     rows: int,
-    grouped: bool = False,
+    ahead: int,
+    sub: ir.Value | None = None,
+    subs: int = 1,
 ) -> list[ir.Value]:
-    """i8* at block ``b`` of each of rows ``n .. n + rows - 1`` (one row, or the ROW_GROUP
-    rows of a group: side by side where the matrix is grouped, a row apart where not;
-    ``grouped``: the caller knows the matrix is, so the rows are a constant ``size`` apart)."""
-    first = block_ptr(builder, b_arr, n, b, size)
-    if rows == 1:
-        return [first]
+    """i8* at block ``b`` of each of rows ``n .. n + rows - 1``: one row of any matrix, or
+    whole ROW_GROUP-row groups of a grouped matrix (``n`` a multiple of ROW_GROUP; a group's
+    rows side by side, ``size`` apart). First prefetches (:func:`prefetch_share`, for
+    sub-block ``sub`` of ``subs``) the same block of the rows ``ahead`` further."""
     i64 = n.type
-    if grouped:
-        return [builder.gep(first, [i64(size * r)]) for r in range(rows)]
-    is_grouped = builder.icmp_signed("==", builder.and_(b_arr.shape[0], i64(ROW_GROUP - 1)), i64(0))
-    step = builder.select(is_grouped, i64(size), b_arr.row_stride)
-    return [builder.gep(first, [builder.mul(step, i64(r))]) for r in range(rows)]
+    group = min(rows, ROW_GROUP)
+    assert rows % group == 0
+    out: list[ir.Value] = []
+    for q in range(0, rows, group):
+        first = builder.add(n, i64(q))
+        further = block_ptr(builder, b_arr, builder.add(first, i64(ahead)), b, size)
+        prefetch_share(builder, further, group * size, sub, subs)
+        at = block_ptr(builder, b_arr, first, b, size)
+        out += [builder.gep(at, [i64(size * r)]) for r in range(group)]
+    return out
 
 
 def block_offsets(
-    builder: ir.IRBuilder, kind: int, blocks: list[ir.Value], d_rows: ir.Value
+    builder: ir.IRBuilder, kind: int, blocks: Blocks, d_rows: ir.Value
 ) -> ir.Value | None:
     """<rows x float> of each row's block offset (the values of
     :func:`pagedattn.model.block_ir.scale_offset`, ``d_rows`` the rows' scales), or None for

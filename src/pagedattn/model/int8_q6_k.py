@@ -28,12 +28,11 @@ from llvmlite import ir
 
 from pagedattn.kernels.half_ir import widen_half_bits
 from pagedattn.kernels.simd_ir import F32, I8, I32, carried_loop, fma, mask, splat
-from pagedattn.model.block_ir import BLOCK, KINDS, Q6_K_FIELDS, SHAPES, block_ptr
+from pagedattn.model.block_ir import BLOCK, KINDS, Q6_K_FIELDS, SHAPES
 from pagedattn.model.int8_blocks import (
     TileOperands,
     int8_tile,
     loaded,
-    prefetch_share,
     sub_blocks,
     tile_blocks,
 )
@@ -225,9 +224,7 @@ def make_q6_k_rows_dot(rows: int) -> Any:
                 return fma(builder, ddx, builder.sitofp(total, vf), acc)
 
             def body(sb: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                ahead = block_ptr(builder, b_arr, builder.add(n_first, i64(8)), sb, size)
-                prefetch_share(builder, ahead, rows * size, None, 1)
-                blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows)
+                blocks = tile_blocks(builder, b_arr, n_first, sb, size, rows, 8)
                 scales = loaded(builder, blocks, Q6_K_FIELDS[2], ir.VectorType(I8, 16))
                 d = q6_k_scales(builder, blocks)
                 acc = accs[0]

@@ -24,9 +24,7 @@ from pagedattn.model.block_ir import (
     BLOCK,
     LAYOUT,
     Q5_KINDS,
-    ROW_GROUP,
     SHAPES,
-    block_ptr,
 )
 from pagedattn.model.int8_blocks import (
     TileOperands,
@@ -34,7 +32,6 @@ from pagedattn.model.int8_blocks import (
     fifth_bits,
     int8_tile,
     loaded,
-    prefetch_share,
     row_floats,
     sub_blocks,
     super_block,
@@ -143,12 +140,7 @@ def make_rows_dot(cols: int) -> Any:
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 k = builder.mul(b, i64(BLOCK))
                 sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
-                blocks: list[ir.Value] = []
-                for q in range(0, ROWS, GROUPS):
-                    first = builder.add(n_first, i64(q))
-                    ahead = block_ptr(builder, b_arr, builder.add(first, i64(ROWS)), sb, size)
-                    prefetch_share(builder, ahead, ROW_GROUP * size, sub, subs)
-                    blocks += tile_blocks(builder, b_arr, first, sb, size, ROW_GROUP, True)
+                blocks = tile_blocks(builder, b_arr, n_first, sb, size, ROWS, ROWS, sub, subs)
                 lo, hi = transposed_codes(builder, kind, blocks, sub)
                 scales = offsets = None
                 if sub is not None:  # Q6_K
