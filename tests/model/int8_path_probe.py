@@ -20,7 +20,7 @@ from gguf.quants import quantize
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
 
 KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q6_K)
-ROWS = (1, 2, 3, 11)  # every kind of tile: 8, 2 and 1 activation rows
+ROWS = (1, 2, 3, 15)  # every kind of tile: 8, 4 (whole tasks on zmm), 2 and 1 activation rows
 # 23: rows one after another, five tiles of four output rows and three leftover rows; 24:
 # rows side by side in groups of four (the layout of every real model's matrices), six tiles
 OUTPUTS = (23, 24)

@@ -158,7 +158,7 @@ _V32 = ir.VectorType(I8, 32)
 def make_q6_k_rows_dot(rows: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, rows): out[t0, n0 +
     r] of Q6_K ``blocks`` for ``rows`` output rows (1 or a ROW_GROUP group) and one activation
-    row, the values :func:`pagedattn.model.block_dot_int8._make_int8_dot` gives."""
+    row, the values :func:`pagedattn.model.int8_tiles.make_int8_dot` gives."""
     size = SHAPES[Q6_K][1]
     subs = sub_blocks(Q6_K)
 

@@ -121,7 +121,7 @@ def transposed_codes(
 
 def make_rows_dot(cols: int) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, 16 * cols), as
-    :func:`pagedattn.model.block_dot_int8._make_int8_dot` gives for 16 output rows (``n0`` a
+    :func:`pagedattn.model.int8_tiles.make_int8_dot` gives for 16 output rows (``n0`` a
     multiple of ROW_GROUP): the same integer sums and float operations, so the same bits."""
     tile = ROWS * cols
 
