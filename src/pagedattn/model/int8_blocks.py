@@ -1,7 +1,9 @@
 """What an int8 register tile reads from the weights' blocks: code bytes, scales and offsets.
 
-A tile of ``rows`` output rows (one, or a :data:`~pagedattn.model.block_ir.ROW_GROUP` group)
-meets the activations one 32-input block at a time. :func:`tile_codes` gives the block's codes
+A tile of ``rows`` output rows (one, or whole :data:`~pagedattn.model.block_ir.ROW_GROUP`-row
+groups: :func:`tile_blocks`) meets the activations one 32-input block at a time, reading each
+row's block through its pointer or each group's block loaded whole (:class:`Groups`).
+:func:`tile_codes` gives the block's codes
 as two byte vectors, ``lo`` with each row's inputs 0-15 and ``hi`` with its inputs 16-31, one
 row per 16 bytes (:mod:`pagedattn.model.int8_ir` says how they meet the activations): Q8_0's
 int8 codes, the 4-bit kinds' nibbles (with Q5_0 / Q5_1's fifth bit); Q6_K's six-bit codes and
