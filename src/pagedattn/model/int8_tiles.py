@@ -57,9 +57,6 @@ from pagedattn.model.int8_q6_k import (
 )
 from pagedattn.model.int8_row_tiles import ROWS
 
-INT8_COLS = 2  # activation rows per int8 register tile (several rows: prefill, batches)
-GROUP_COLS = 4  # and per sixteen-row tile of row groups (zmm), between WIDE_COLS and INT8_COLS
-
 
 def make_int8_dot(rows: int, cols: int, kinds: tuple[int, ...] = tuple(SHAPES)) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, rows * cols): at index
