@@ -163,8 +163,8 @@ def test_a_kind_set_names_its_kinds_in_its_type_and_refuses_others() -> None:
     assert kind_set([7, 1]) is marker  # one array (and one compiled kernel) per set
     with pytest.raises(ValueError, match="kind set"):
         kind_set({99})
-    with pytest.raises(ValueError, match="kind set"):  # Q4_K: the kernels read Q4_1 blocks
-        kind_set({KINDS["Q4_K"]})
+    with pytest.raises(ValueError, match="kind set"):  # Q5_K: the kernels read Q5_1 blocks
+        kind_set({KINDS["Q5_K"]})
     with pytest.raises(ValueError, match="kind set"):
         kind_set(())
 

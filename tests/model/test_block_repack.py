@@ -1,8 +1,9 @@
 """The kernels' layout of the 32-input block formats (model/block_repack.py): each float16
 header field widened to float32 (NumPy's conversion as the oracle, every bit pattern
 included), the rest of each block unchanged, rows interleaved in groups of four where their
-count allows; Q6_K rows in any other count are left as the file's bytes; Q4_K / Q5_K
-super-blocks become Q4_1 / Q5_1 blocks of the same weights (``gguf``'s dequantization)."""
+count allows; Q6_K rows in any other count are left as the file's bytes; Q5_K super-blocks
+become Q5_1 blocks of the same weights, Q4_K its own compact layout of them (``gguf``'s
+dequantization)."""
 
 from __future__ import annotations
 
@@ -76,12 +77,41 @@ def test_reordered_rows_are_grouped_in_their_new_order() -> None:
     np.testing.assert_array_equal(moved[:, :, 4:], raw[order].reshape(8, 3, size)[:, :, 2:])
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [3, 8])
-def test_q4k_and_q5k_become_q4_1_and_q5_1_blocks_of_the_same_weights(qtype: Q, rows: int) -> None:
-    """Each 32-input sub-block becomes a Q4_1 / Q5_1 block of the kernels' layout (float32 d,
-    float32 m, Q5_1's 32 fifth bits, then byte j = input j's nibble | input 16 + j's << 4),
-    read here by ggml's Q4_1 / Q5_1 formula ``d * code + m``: ``gguf``'s weights, bit for bit."""
+def test_q4k_becomes_float32_scales_byte_sub_scales_and_q4_1_codes(rows: int) -> None:
+    """Q4_K in the kernels' layout, undone by hand: per group of G rows (4 where the count
+    allows, else 1) and 256-input super-block, the G rows' float32 d, then float32 dmin, the
+    eight sub-blocks' 6-bit scales as bytes ([sub][row]), their minimums, then each
+    sub-block's 16 code bytes per row ([sub][row]; byte j = input j's nibble | input 16 + j's
+    << 4). ggml's formula ``(d * sc) * code - dmin * m`` on them: ``gguf``'s weights, bit for
+    bit."""
+    raw = random_blocks(Q.Q4_K, (rows, 512), np.random.default_rng(rows))
+    out = repack_blocks(raw, KINDS["Q4_K"])
+    assert out.shape == (rows, 2 * 152) and SHAPES[KINDS["Q4_K"]] == (256, 152)
+    g = 4 if rows % 4 == 0 else 1
+    supers = out.reshape(rows // g, 2, 152 * g)  # (groups, super-blocks, bytes)
+
+    def floats(start: int) -> np.ndarray:  # (groups, super-blocks, 1 sub-block axis, G)
+        return np.ascontiguousarray(supers[..., start : start + 4 * g]).view(np.float32)[
+            :, :, None, :
+        ]
+
+    sc, m = (supers[..., at : at + 8 * g].reshape(rows // g, 2, 8, g) for at in (8 * g, 16 * g))
+    packed = supers[..., 24 * g :].reshape(rows // g, 2, 8, g, 16).astype(np.int64)
+    codes = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32)
+    scale, offset = floats(0) * sc.astype(np.float32), floats(4 * g) * m.astype(np.float32)
+    weights = scale[..., None] * codes - offset[..., None]  # (groups, supers, subs, G, 32)
+    weights = weights.transpose(0, 3, 1, 2, 4).reshape(rows, 512)
+    want = dequantize(raw, Q.Q4_K).reshape(rows, 512)
+    np.testing.assert_array_equal(weights.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("rows", [3, 8])
+def test_q5k_becomes_q5_1_blocks_of_the_same_weights(rows: int) -> None:
+    """Each 32-input sub-block becomes a Q5_1 block of the kernels' layout (float32 d,
+    float32 m, the 32 fifth bits, then byte j = input j's nibble | input 16 + j's << 4), read
+    here by ggml's Q5_1 formula ``d * code + m``: ``gguf``'s weights, bit for bit."""
+    qtype = Q.Q5_K
     raw = random_blocks(qtype, (rows, 512), np.random.default_rng(rows))
     kind = KINDS[qtype.name]
     read_as = READ_AS[kind]
@@ -91,12 +121,10 @@ def test_q4k_and_q5k_become_q4_1_and_q5_1_blocks_of_the_same_weights(qtype: Q, r
     blocks = blocks_by_row(out, wide)  # (rows, 16, wide)
     d = np.ascontiguousarray(blocks[:, :, 0:4]).view(np.float32)
     m = np.ascontiguousarray(blocks[:, :, 4:8]).view(np.float32)
-    header = 8 if read_as == KINDS["Q4_1"] else 12
-    packed = blocks[:, :, header:].astype(np.int64)
+    packed = blocks[:, :, 12:].astype(np.int64)
     codes = np.concatenate([packed & 15, packed >> 4], axis=-1)  # inputs 0-15, then 16-31
-    if read_as == KINDS["Q5_1"]:
-        qh = np.ascontiguousarray(blocks[:, :, 8:12]).view(np.uint32).astype(np.int64)
-        codes = codes | (((qh >> np.arange(32)) & 1) << 4)
+    qh = np.ascontiguousarray(blocks[:, :, 8:12]).view(np.uint32).astype(np.int64)
+    codes = codes | (((qh >> np.arange(32)) & 1) << 4)
     weights = d * codes.astype(np.float32) + m
     want = dequantize(raw, qtype).reshape(rows, 16, 32)
     np.testing.assert_array_equal(weights.view(np.uint32), want.view(np.uint32))

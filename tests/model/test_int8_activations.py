@@ -69,9 +69,10 @@ def test_int8_path_is_w_times_the_q8_1_input(
         np.testing.assert_array_equal(qmatmul(x[t : t + 1], w, activations="int8")[0], got[t])
 
 
-def test_q4k_meets_the_q8_1_input_as_q4_1_blocks() -> None:
-    """A Q4_K matrix is read as the Q4_1 blocks of its sub-blocks, so int8 activations apply
-    to it: ``gguf``'s dequantized weights times the q8_1 input, as for Q4_1."""
+def test_q4k_meets_the_q8_1_input_sub_block_by_sub_block() -> None:
+    """Each 32-input sub-block of a Q4_K matrix meets a q8_1 block of the input as a Q4_1
+    block would, so int8 activations apply to it: ``gguf``'s dequantized weights times the
+    q8_1 input, as for Q4_1."""
     rng = np.random.default_rng(5)
     raw = random_blocks(Q.Q4_K, (12, 512), rng, centred=True)
     w = from_gguf_blocks(raw, "Q4_K", (12, 512))

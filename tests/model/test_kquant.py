@@ -27,9 +27,9 @@ def test_decoded_weights_equal_gguf_bitwise(qtype: Q) -> None:
     block = from_gguf_blocks(raw, qtype.name, shape)
     assert block.shape == shape
     # Q6_K (19 rows, not interleaved): the file's bytes; the others a copy with float32 scales,
-    # Q4_K / Q5_K as the Q4_1 / Q5_1 blocks of their sub-blocks (model/block_repack)
+    # Q5_K as the Q5_1 blocks of its sub-blocks (model/block_repack)
     assert np.shares_memory(block.blocks, raw) == (qtype == Q.Q6_K)
-    assert block.type_name == {Q.Q4_K: "Q4_1", Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
+    assert block.type_name == {Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
     want = dequantize(raw, qtype).reshape(shape)
     np.testing.assert_array_equal(_bits(block.dequantize()), _bits(want))
     rows = np.array([7, 0, 18, 7])  # the embedding lookup decodes only these rows
@@ -60,6 +60,8 @@ def test_qmatmul_equals_float64_and_is_batch_invariant(
         np.testing.assert_array_equal(qmatmul(x[t : t + 1], block)[0], got[t])
         pair = qmatmul(x[[t, (t + 1) % 33]], block)
         np.testing.assert_array_equal(pair[0], got[t])
+    for t in (3, 7, 8):  # the decode kernel's other register tiles (two output rows past 6)
+        np.testing.assert_array_equal(qmatmul(x[:t], block), got[:t])
     # the float32 kernel, fed gguf's own dequantized weights, does the same operations
     same = np.full(got.shape, np.nan, np.float32)
     block_tiles.matmul_float(x, dense.astype(np.float32), same)
@@ -82,7 +84,7 @@ def test_mixed_parts_share_one_launch() -> None:
 
 
 def test_int8_activations_take_every_k_quant() -> None:
-    """int8 activations apply to every block type: Q4_K / Q5_K (held as Q4_1 / Q5_1) and Q6_K;
+    """int8 activations apply to every block type: Q4_K, Q5_K (held as Q5_1) and Q6_K;
     a Q6_K part beside a Q5_K one in one launch gives each part's own int8 values, near the
     exact path's and not equal to them."""
     pytest.importorskip("pagedattn.model.block_dot_int8")

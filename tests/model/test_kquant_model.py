@@ -63,13 +63,14 @@ def test_kquant_file_loads_as_blocks(files: tuple[Path, Path, dict[str, Q]]) -> 
     assert set(loaded.quantized) == set(kinds)
     for name, qtype in kinds.items():
         block = loaded.quantized[name]
-        held_as = {Q.Q4_K: "Q4_1", Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
+        held_as = {Q.Q5_K: "Q5_1"}.get(qtype, qtype.name)
         assert isinstance(block, BlockQuantized) and block.type_name == held_as, name
         rows, cols = expected_weight_shapes(CONFIG)[name]
         # the kernels' layout: the file's bytes for Q6_K; float32 scales (and Q5_1's minimum)
-        # for the 32-input formats, 2 bytes more per float16 field; Q4_K / Q5_K as Q4_1 / Q5_1
-        # blocks of float32 fields, one per 32-input sub-block
-        elements, size = {Q.Q4_K: (32, 24), Q.Q5_K: (32, 28), Q.Q6_K: (256, 210),
+        # for the 32-input formats, 2 bytes more per float16 field; Q4_K with float32 d and
+        # dmin (4 bytes more per 256 inputs); Q5_K as Q5_1 blocks of float32 fields, one per
+        # 32-input sub-block
+        elements, size = {Q.Q4_K: (256, 152), Q.Q5_K: (32, 28), Q.Q6_K: (256, 210),
                           Q.Q5_0: (32, 22 + 2), Q.Q5_1: (32, 24 + 4)}[qtype]  # fmt: skip
         assert (
             block.blocks.dtype == np.uint8 and block.blocks.nbytes == rows * cols // elements * size

@@ -4,8 +4,11 @@ A decoder is made once per block (one row's block at the kernels' loop position)
 the block's inputs in groups of 32, as ``STEPS`` vectors of ``LANES`` float32 each, in input
 order, so the matmul kernels meet every format in the same lane order
 (:mod:`pagedattn.model.block_dot`). The 32-input formats (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, and the
-Q4_K / Q5_K sub-blocks the loader turns into Q4_1 / Q5_1 blocks,
-:mod:`pagedattn.model.block_repack`) are one group, :func:`pagedattn.model.block_ir.decoded_block`.
+Q5_K sub-blocks the loader turns into Q5_1 blocks, :mod:`pagedattn.model.block_repack`) are one
+group, :func:`pagedattn.model.block_ir.decoded_block`. A Q4_K super-block in the kernels' layout
+is eight groups, each a Q4_1 block of its scale ``d * sc`` and offset ``-(dmin * m)``; kernels
+that walk its 32-input sub-blocks take one (:class:`~.q4_k.Q4KGroupTile` for a tile of a group's
+rows).
 Q6_K is a 256-input super-block (ggml ``ggml-common.h`` ``block_q6_K``; ``ggml-quants.c``
 ``dequantize_row_q6_K``; ``gguf.quants``' numpy code), eight groups whose scales are decoded
 once per super-block, all sixteen at once in vector registers: 6-bit codes (low nibbles and 2
@@ -22,43 +25,37 @@ instruction count differs.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from llvmlite import ir
-from numba.core import cgutils
 
-from pagedattn.kernels.simd_ir import F32, I8, I32, fma, mask, splat
+from pagedattn.kernels.simd_ir import I8, fma, mask, splat
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_ir import (
     LANES,
     LAYOUT,
+    Q4_K,
     Q6_K_FIELDS,
     SHAPES,
     VF,
+    Place,
     decoded_block,
     float_at,
     half_at,
     q5_fields,
     scale_offset,
 )
+from pagedattn.model.decoder_lanes import CODES16, V16I32, Decoder, Lanes, ints, looked_up
+from pagedattn.model.q4_k import Q4KSuperBlock, q4_k_sub
 
 GROUP = 32  # inputs per group
 _I64 = ir.IntType(64)
-_V16I32 = ir.VectorType(I32, LANES)
 
 
-class Decoder(Protocol):
-    """The float32 weights of one block: ``groups`` groups of GROUP inputs."""
-
-    groups: int
-
-    def group(self, g: int) -> list[ir.Value]:
-        """Inputs ``[GROUP * g, GROUP * (g + 1))`` of the block as GROUP // LANES vectors."""
-        ...
-
-
-def decoder(builder: ir.IRBuilder, kind: int, block: ir.Value) -> Decoder:
-    """The decoder of the ``kind`` block at ``block`` (i8* at its first byte)."""
+def decoder(builder: ir.IRBuilder, kind: int, place: Place, sub: ir.Value | None = None) -> Decoder:
+    """The decoder of the ``kind`` block at ``place`` (:func:`~.block_ir.block_place`); of a
+    Q4_K super-block's 32-input sub-block ``sub`` alone where given."""
+    if kind == Q4_K:
+        return Q4KSuperBlock(builder, place) if sub is None else q4_k_sub(builder, place, sub)
+    block = builder.gep(place.base, [builder.mul(place.within, _I64(SHAPES[kind][1]))])
     if kind == 7:
         return _Q6K(builder, block)
     return _Simple(builder, kind, block)
@@ -107,45 +104,41 @@ class _Bytes:
         if key not in self._widened:
             b = self._builder
             raw = self.raw(offset)
-            self._widened[key] = b.sext(raw, _V16I32) if signed else b.zext(raw, _V16I32)
+            self._widened[key] = b.sext(raw, V16I32) if signed else b.zext(raw, V16I32)
         return self._widened[key]
-
-
-def _ints(values: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(I32, len(values)), values)
 
 
 def _byte_splat(value: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(I8, GROUP), [value] * GROUP)
 
 
-def _looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Value:
-    """``table[index & 15]`` per lane (``vpermps`` on zmm: AVX-512F only)."""
-    fnty = ir.FunctionType(VF, [VF, _V16I32])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
-    return builder.call(fn, [table, index])
-
-
-_CODES16 = ir.Constant(VF, [float(q) for q in range(LANES)])
 _CODES16_LESS_8 = ir.Constant(VF, [float(q - 8) for q in range(LANES)])
 
 
-def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+def _looked_up_nibbles(
+    builder: ir.IRBuilder,
+    kind: int,
+    block: ir.Value,
+    fields: tuple[ir.Value, ir.Value, ir.Value] | None = None,
+) -> list[ir.Value]:
     """A Q4_0 / Q4_1 block's 32 weights with AVX-512: its 16 possible weights computed once,
     by the fma :func:`~pagedattn.model.block_ir.decoded_block` applies to each input, then
     each input's looked up by its code. Byte j of the codes holds input j (low nibble) and
     input 16 + j (high); ``vpermps`` reads an index's low 4 bits only, so the low nibbles
-    need no mask."""
-    d, m = scale_offset(builder, kind, block)
+    need no mask. ``fields``: a Q4_K sub-block's, as :func:`decoded_block` takes them."""
+    if fields is None:
+        d, m = scale_offset(builder, kind, block)
+        ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
+    else:
+        d, m, ptr = fields
     if kind == 0:  # d * (code - 8): the same correctly rounded value as fma(d, code, -8 * d)
         table = builder.fmul(splat(builder, d, LANES), _CODES16_LESS_8)
     else:
-        table = fma(builder, splat(builder, d, LANES), _CODES16, splat(builder, m, LANES))
-    ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
+        table = fma(builder, splat(builder, d, LANES), CODES16, splat(builder, m, LANES))
     raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
-    codes = builder.zext(raw, _V16I32)
-    high = builder.lshr(codes, _ints([4] * LANES))
-    return [_looked_up(builder, table, codes), _looked_up(builder, table, high)]
+    codes = builder.zext(raw, V16I32)
+    high = builder.lshr(codes, ints([4] * LANES))
+    return [looked_up(builder, table, codes), looked_up(builder, table, high)]
 
 
 _CODES16_LESS_16 = ir.Constant(VF, [float(q - 16) for q in range(LANES)])
@@ -161,58 +154,20 @@ def _looked_up_q5(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.
     j's low nibble and input 16 + j's; bit j of ``qh`` is input j's fifth bit)."""
     d = splat(builder, float_at(builder, block, 0), LANES)
     if kind == 3:
-        tables = (builder.fmul(d, _CODES16_LESS_16), builder.fmul(d, _CODES16))
+        tables = (builder.fmul(d, _CODES16_LESS_16), builder.fmul(d, CODES16))
     else:
         m = splat(builder, float_at(builder, block, 4), LANES)
-        tables = (fma(builder, d, _CODES16, m), fma(builder, d, _CODES16_PLUS_16, m))
+        tables = (fma(builder, d, CODES16, m), fma(builder, d, _CODES16_PLUS_16, m))
     qh_v, codes = q5_fields(builder, kind, block)
     out = []
-    for step, index in enumerate((codes, builder.lshr(codes, _ints([4] * LANES)))):
-        bits = _ints(
+    for step, index in enumerate((codes, builder.lshr(codes, ints([4] * LANES)))):
+        bits = ints(
             [(1 << j) - (1 << 32 if j == 31 else 0) for j in range(16 * step, 16 * step + 16)]
         )
-        fifth = builder.icmp_unsigned("!=", builder.and_(qh_v, bits), _ints([0] * LANES))
-        low, high = (_looked_up(builder, table, index) for table in tables)
+        fifth = builder.icmp_unsigned("!=", builder.and_(qh_v, bits), ints([0] * LANES))
+        low, high = (looked_up(builder, table, index) for table in tables)
         out.append(builder.select(fifth, high, low))
     return out
-
-
-class _Lanes:
-    """The lanes of float vectors, each handed out splatted to LANES lanes.
-
-    With AVX-512 the vectors go through a stack slot that LLVM may not see into (an empty asm
-    statement takes its address), so each splat is a broadcast load, or an fma's embedded
-    ``{1to16}`` operand, instead of one or two shuffles per lane in registers; elsewhere, or
-    as a fallback, a shuffle. Either way the same float values: speed only."""
-
-    def __init__(self, builder: ir.IRBuilder, vectors: list[ir.Value]) -> None:
-        self._builder, self._vectors = builder, vectors
-        self._slot: ir.Value | None = None
-        if has_wide_registers():
-            count = sum(v.type.count for v in vectors)
-            slot = cgutils.alloca_once(builder, ir.ArrayType(F32, count))
-            at = 0
-            for v in vectors:
-                ptr = builder.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, at)])
-                builder.store(v, builder.bitcast(ptr, v.type.as_pointer()), align=4)
-                at += v.type.count
-            i8p = I8.as_pointer()
-            barrier = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i8p]), "", "r,~{memory}",
-                                   side_effect=True)  # fmt: skip
-            builder.call(barrier, [builder.bitcast(slot, i8p)])
-            self._slot = slot
-
-    def splat(self, i: int) -> ir.Value:
-        """Lane ``i`` of the vectors laid end to end, as <LANES x float>."""
-        b = self._builder
-        if self._slot is None:
-            for v in self._vectors:
-                if i < v.type.count:
-                    return b.shuffle_vector(v, v, mask([i] * LANES))
-                i -= v.type.count
-            raise IndexError(i)
-        ptr = b.gep(self._slot, [ir.Constant(I32, 0), ir.Constant(I32, i)])
-        return splat(b, b.load(ptr, align=4), LANES)
 
 
 class _Q6K:
@@ -226,7 +181,7 @@ class _Q6K:
         _, _, scales_at, d_at = Q6_K_FIELDS
         d = splat(b, half_at(b, block, d_at), LANES)
         scale = b.fmul(d, b.sitofp(self._bytes.at(scales_at, signed=True), VF))  # d * scale
-        self._lanes = _Lanes(b, [scale])
+        self._lanes = Lanes(b, [scale])
 
     def group(self, g: int) -> list[ir.Value]:
         # group g = 32 * g.. of the super-block: half h = g // 4 of 128 inputs, quarter s = g % 4:

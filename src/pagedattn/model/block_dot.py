@@ -48,7 +48,20 @@ import pagedattn.kernels  # noqa: F401  (starts Numba's pool with a short OpenMP
 from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vector, prefetch
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder, prefetch_offsets
-from pagedattn.model.block_ir import LANES, SHAPES, VF, block_ptr, by_kind, kinds_of
+from pagedattn.model.block_ir import (
+    LANES,
+    Q4_K,
+    ROW_GROUP,
+    SHAPES,
+    VF,
+    block_place,
+    block_ptr,
+    by_kind,
+    kinds_of,
+    row_group,
+    super_block,
+)
+from pagedattn.model.q4_k import Q4KGroupTile
 
 ROWS_PER_TASK = 16  # output rows one thread owns
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
@@ -98,22 +111,47 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
             n_first, t_first = args[3], args[5]
             i64 = n_first.type
 
-            def emit(kind: int) -> list[ir.Value]:
+            def emit(kind: int, group: int | None = None) -> list[ir.Value]:
+                """The tile's sums over ``kind`` blocks (of a matrix of ``group``-row groups
+                where given)."""
+                if kind == Q4_K and group is None:
+                    # its fields lie apart by the group: a loop for each group size
+                    return by_kind(
+                        builder,
+                        row_group(builder, b_arr),
+                        lambda g: emit(kind, g),
+                        (ROW_GROUP, 1),
+                    )
                 elements, size = SHAPES[kind]
+                # Q4_K: a 32-input sub-block per step, as the int8 tiles walk it
+                subs = 8 if kind == Q4_K else 1
                 accs = [ir.Constant(VF, [0.0] * LANES)] * (rows * cols)
+                supers = builder.sdiv(b_arr.shape[1], i64(size))
+                # a tile of rows of one group (tiles start at multiples of rows)
+                tile = None
+                if subs > 1 and group == ROW_GROUP and rows > 1:
+                    tile = Q4KGroupTile(builder, b_arr, n_first, rows, supers)
 
                 def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                    k = builder.mul(b, i64(elements))
-                    decoders = []
-                    for r in range(rows):
-                        n = builder.add(n_first, i64(r))
-                        # the rows two tiles ahead
-                        ahead = block_ptr(builder, b_arr, builder.add(n, i64(2 * rows)), b, size)
-                        for line in prefetch_offsets(kind):
-                            prefetch(builder, builder.gep(ahead, [i64(line)]))
-                        decoders.append(
-                            decoder(builder, kind, block_ptr(builder, b_arr, n, b, size))
-                        )
+                    k = builder.mul(b, i64(elements // subs))
+                    sb, sub = (b, None) if subs == 1 else super_block(builder, b, subs)
+                    if tile is not None and sub is not None:
+                        decoders = tile.step(sb, sub)
+                    else:
+                        decoders = []
+                        for r in range(rows):
+                            n = builder.add(n_first, i64(r))
+                            # the rows two tiles ahead (Q4_K: a line of a row's share per step)
+                            ahead_n = builder.add(n, i64(2 * rows))
+                            ahead = block_ptr(builder, b_arr, ahead_n, sb, size)
+                            if sub is None:
+                                for line in prefetch_offsets(kind):
+                                    prefetch(builder, builder.gep(ahead, [i64(line)]))
+                            else:
+                                line = builder.mul(builder.and_(sub, i64(3)), i64(64))
+                                prefetch(builder, builder.gep(ahead, [line]))
+                            place = block_place(builder, b_arr, n, sb, size, group)
+                            decoders.append(decoder(builder, kind, place, sub))
                     out = list(accs)
                     for g in range(decoders[0].groups):
                         at = builder.add(k, i64(GROUP * g))
@@ -139,7 +177,8 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
                                     out[j] = fma(builder, w, xv, out[j])
                     return out
 
-                carried_loop(builder, builder.sdiv(b_arr.shape[1], i64(size)), accs, body)
+                count = builder.mul(supers, i64(subs))
+                carried_loop(builder, count, accs, body)
                 return [hsum(builder, a) for a in accs]
 
             sums = by_kind(builder, args[0], emit, kinds)

@@ -4,8 +4,9 @@ The 32-input block formats are ggml's ``block_q4_0``, ``block_q4_1``, ``block_q8
 ``block_q5_0`` and ``block_q5_1`` (``ggml-common.h``): a float16 scale, Q4_1's / Q5_1's float16
 minimum, Q5's 32 high bits, then the codes (4-bit pairs, or int8). The kernels read them with
 those header fields widened to float32 at load (:mod:`pagedattn.model.block_repack`; sizes in
-:data:`SHAPES`, the file's in :data:`FILE_SHAPES`); Q4_K and Q5_K super-blocks become eight
-Q4_1 / Q5_1 blocks there (:data:`READ_AS`). The 256-input Q6_K super-block is
+:data:`SHAPES`, the file's in :data:`FILE_SHAPES`); Q5_K super-blocks become eight Q5_1
+blocks there (:data:`READ_AS`), Q4_K's a compact layout of their own
+(:mod:`pagedattn.model.q4_k`). The 256-input Q6_K super-block is
 :mod:`pagedattn.model.block_decoders`', read as in the file. A kind is the runtime integer of
 :data:`KINDS`; an intrinsic that serves several kinds emits one variant per kind behind one
 switch on it (:func:`by_kind`), outside its loop over blocks, for the kinds a kernel is
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -41,18 +42,19 @@ FILE_SHAPES = {0: (32, 18), 1: (32, 20), 2: (32, 34), 3: (32, 22), 4: (32, 24)}
 FILE_SHAPES |= {5: (256, 144), 6: (256, 176), 7: (256, 210)}
 # kind -> float16 header fields (scale, minimum) that the kernels' layout holds as float32
 WIDENED_FIELDS = {0: 1, 1: 2, 2: 1, 3: 1, 4: 2}
-# Q4_K / Q5_K -> the kind whose blocks the kernels read them as: each 32-input sub-block is a
-# Q4_1 / Q5_1 block with float32 fields d * sc and -(dmin * m) (repack_blocks), the same
-# weights bit for bit
-READ_AS = {5: 1, 6: 4}
+# Q5_K -> the kind whose blocks the kernels read it as: each 32-input sub-block is a Q5_1
+# block with float32 fields d * sc and -(dmin * m) (repack_blocks), the same weights bit for bit
+READ_AS = {6: 4}
+Q4_K = 5  # in a compact layout of its own (pagedattn.model.q4_k)
 # kind -> (inputs per block, bytes per block) as the kernels read them: the 32-input formats
-# with their float16 header fields widened to float32 at load (repack_blocks), Q6_K as in the
-# file (its scales are decoded once per 256 inputs)
+# with their float16 header fields widened to float32 at load (repack_blocks), Q4_K as above
+# (19 bytes per 32 inputs, where Q4_1 blocks of its sub-blocks took 24), Q6_K as in the file
+# (its scales are decoded once per 256 inputs)
 SHAPES = {
     kind: (inputs, size + 2 * WIDENED_FIELDS.get(kind, 0))
     for kind, (inputs, size) in FILE_SHAPES.items()
     if kind not in READ_AS
-}
+} | {Q4_K: (256, 152)}
 NAMES = {kind: name for name, kind in KINDS.items()}
 Q5_KINDS = (3, 4)  # Q5_0 / Q5_1: 32 fifth bits between the header fields and the codes
 MINIMUM_KINDS = (1, 4)  # Q4_1 / Q5_1: a float32 minimum (the offset) after the scale
@@ -82,17 +84,60 @@ def interleaved(rows: int) -> bool:
     return rows % ROW_GROUP == 0
 
 
+class Place(NamedTuple):
+    """Where a row's block lies: the block of its group's rows starts at ``base`` (i8*), the
+    row is ``within`` of the group's ``group`` rows (ROW_GROUP, or 1 where the matrix is not
+    stored in groups; i64 values)."""
+
+    base: ir.Value
+    within: ir.Value
+    group: ir.Value
+
+
+def row_group(builder: ir.IRBuilder, blocks: Arr2D) -> ir.Value:
+    """The rows per group of ``blocks`` (i64): :data:`ROW_GROUP` where the row count allows
+    (:func:`interleaved`), else 1."""
+    i64 = blocks.shape[0].type
+    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    return builder.select(grouped, i64(ROW_GROUP), i64(1))
+
+
+def block_place(
+    builder: ir.IRBuilder,
+    blocks: Arr2D,
+    row: ir.Value,
+    block: ir.Value,
+    size: int,
+    group: int | None = None,
+) -> Place:
+    """The :class:`Place` of block ``block`` of row ``row`` in ``blocks`` (the kernels' layout:
+    :data:`ROW_GROUP`-row groups where the row count allows, :func:`interleaved`); ``group``:
+    the matrix's :func:`row_group` where the caller knows it."""
+    i64 = row.type
+    rows = row_group(builder, blocks) if group is None else i64(group)
+    within = builder.and_(row, builder.sub(rows, i64(1)))
+    base = blocks.ptr(
+        builder, builder.sub(row, within), builder.mul(block, builder.mul(rows, i64(size)))
+    )
+    return Place(base, within, rows)
+
+
 def block_ptr(
     builder: ir.IRBuilder, blocks: Arr2D, row: ir.Value, block: ir.Value, size: int
 ) -> ir.Value:
-    """Address (i8*) of block ``block`` of row ``row`` in ``blocks`` (the kernels' layout:
-    :data:`ROW_GROUP`-row groups where the row count allows, :func:`interleaved`)."""
-    i64 = row.type
-    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
-    within = builder.select(grouped, builder.and_(row, i64(ROW_GROUP - 1)), i64(0))
-    per_block = builder.select(grouped, i64(ROW_GROUP), i64(1))
-    slot = builder.add(builder.mul(block, per_block), within)
-    return blocks.ptr(builder, builder.sub(row, within), builder.mul(slot, i64(size)))
+    """Address (i8*) of block ``block`` of row ``row`` in ``blocks``: its group's rows' blocks
+    side by side (:func:`block_place`; Q4_K's fields lie apart,
+    :func:`~pagedattn.model.q4_k.q4_k_at`)."""
+    place = block_place(builder, blocks, row, block, size)
+    return builder.gep(place.base, [builder.mul(place.within, row.type(size))])
+
+
+def super_block(builder: ir.IRBuilder, b: ir.Value, subs: int) -> tuple[ir.Value, ir.Value]:
+    """The super-block and the sub-block within it of 32-input block ``b`` (``subs`` per
+    super-block, a power of two)."""
+    assert subs & (subs - 1) == 0
+    i64 = b.type
+    return builder.lshr(b, i64(subs.bit_length() - 1)), builder.and_(b, i64(subs - 1))
 
 
 #: with ``PAGEDATTN_ALL_BLOCK_KINDS=1`` every kind set is the set of all kinds: one compiled
@@ -158,15 +203,25 @@ def _part(builder: ir.IRBuilder, v: ir.Value, i: int) -> ir.Value:
     return builder.shuffle_vector(v, v, mask(range(i * LANES, (i + 1) * LANES)))
 
 
-def decoded_block(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
+def decoded_block(
+    builder: ir.IRBuilder,
+    kind: int,
+    block: ir.Value,
+    fields: tuple[ir.Value, ir.Value, ir.Value] | None = None,
+) -> list[ir.Value]:
     """The 32 weights of the block at ``block`` (i8*) as STEPS <LANES x float>:
-    fma(scale, code, offset) per input (the values of :func:`scale_offset`, splatted)."""
+    fma(scale, code, offset) per input (the values of :func:`scale_offset`, splatted; or
+    ``fields``' scale, offset and i8* at the 16 code bytes of a Q4_K sub-block, read as
+    Q4_1's)."""
     if kind in (3, 4):
         return _decoded_q5(builder, kind, block)
-    d_scalar, m_scalar = scale_offset(builder, kind, block)
+    if fields is None:
+        d_scalar, m_scalar = scale_offset(builder, kind, block)
+        codes = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
+    else:
+        d_scalar, m_scalar, codes = fields
     d = splat(builder, d_scalar, LANES)
     m = splat(builder, m_scalar, LANES)
-    codes = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
     if LAYOUT[kind][2]:
         # bytes j and 8 + j hold inputs j, 8 + j (low nibbles) and 16 + j, 24 + j (high): widen
         # each 8-byte half to int32 lanes (vpmovzxbd from memory), then mask and shift there
@@ -240,7 +295,8 @@ def by_kind(
 ) -> list[ir.Value]:
     """``emit(k)`` for the block kind held by the runtime integer ``kind``, one branch per
     entry of ``kinds`` (the last one also takes any other value), the results merged through
-    stack slots (which LLVM turns into phis). ``emit`` returns the same types for every kind."""
+    stack slots (which LLVM turns into phis). ``emit`` returns the same types for every kind;
+    any other run-time integer with a known set of values dispatches the same way."""
     slots: list[ir.Value] = []
 
     def run(k: int) -> None:

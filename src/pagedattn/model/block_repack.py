@@ -11,15 +11,21 @@ llama.cpp's repacked CPU formats (``block_q4_0x8``) take for the same reason: on
 kernel, built once. Every format's rows are interleaved by groups of four where the row count
 allows (:func:`~pagedattn.model.block_ir.block_ptr`), so that a tile of four rows is one stream.
 
-A Q4_K / Q5_K super-block (``block_q4_K``, ``block_q5_K``) becomes eight Q4_1 / Q5_1 blocks of
-the kernels' layout (:data:`~.block_ir.READ_AS`), one per 32-input sub-block: float32 ``d *
-sc`` and ``-(dmin * m)`` (``get_scale_min_k4``'s 6-bit scale and minimum; both products
-exact), then the sub-block's codes in Q4_1's / Q5_1's order. ``dequantize_row_q4_K`` computes
-``(d * sc) * q - dmin * m``, and the Q4_1 kernels ``fma(d * sc, q, -(dmin * m))``: the product
-is exact, so both round once, the same weight. Decoding the scales once at load, where the
-kernels decoded them per super-block, makes a Qwen2.5-1.5B Q4_K matrix 1.2x faster exact and
-1.7x faster with int8 activations (the int8 kernels read Q4_1, not Q4_K), for a third more bytes (24
-per 32 inputs against 18).
+A Q5_K super-block (``block_q5_K``) becomes eight Q5_1 blocks of the kernels' layout
+(:data:`~.block_ir.READ_AS`), one per 32-input sub-block: float32 ``d * sc`` and ``-(dmin *
+m)`` (``get_scale_min_k4``'s 6-bit scale and minimum; both products exact), then the
+sub-block's high bits and codes in Q5_1's order. ``dequantize_row_q5_K`` computes ``(d * sc) *
+q - dmin * m``, and the Q5_1 kernels ``fma(d * sc, q, -(dmin * m))``: the product is exact, so
+both round once, the same weight.
+
+Q4_K, the type most of a Q4_K_M file is, keeps its super-blocks in a layout of its own
+(:data:`~.q4_k.Q4_K_FIELDS`, 19 bytes per 32 inputs): float32 ``d`` and ``dmin``, the
+eight 6-bit scales and minimums unpacked to bytes, then each sub-block's codes in Q4_1's
+order; in a group of four rows each field's values lie side by side, so the kernels read a
+group's scales of a super-block as a few vectors and compute ``d * sc`` and ``-(dmin * m)``
+there, the same values. Eight Q4_1 blocks (24 bytes per 32 inputs, as Q5_K's) cost a quarter
+more bytes, which decode from memory pays for: on Qwen2.5-1.5B's Q4_K matrices, one thread,
+int8 activations 35 against 31 ms, the exact path the same 60 ms.
 
 The layout of a widened block: the float32 fields where the float16 ones were, then the rest
 of the block's bytes unchanged (Q5's high bits, the codes). Sizes: :data:`~.block_ir.SHAPES`
@@ -37,6 +43,7 @@ from pagedattn.kernels.numba_runtime import install as install_numba_runtime
 from pagedattn.model.block_ir import (
     FILE_SHAPES,
     LAYOUT,
+    Q4_K,
     READ_AS,
     ROW_GROUP,
     SHAPES,
@@ -129,6 +136,37 @@ def _sub_blocks(raw, rows, r0, r1, out8, out32, halves, kind, group, size, wide,
                     out8[at + header + lane] = low | (high << 4)
 
 
+@numba.njit(cache=True, nogil=True)
+def _q4_k_rows(raw, rows, r0, r1, out8, halves, group):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Output rows ``r0 .. r1`` of Q4_K ``raw`` rows in the kernels' layout
+    (:data:`~.q4_k.Q4_K_FIELDS`, :func:`~.q4_k.q4_k_at`): per group of ``group`` rows
+    and super-block, each field's elements side by side; ``out8`` the whole output as flat
+    uint8, ``halves`` the float32 of every float16 bit pattern."""
+    size, wide = 144, 152
+    num_super = raw.shape[1] // size
+    out_f = out8.view(np.float32)
+    for i in range(r0, r1):
+        src = raw[rows[i]]
+        within = i % group
+        for sb in range(num_super):
+            block = src[sb * size : (sb + 1) * size]
+            base = (i - within) * num_super * wide + sb * wide * group
+            out_f[(base + 4 * within) // 4] = halves[np.int64(block[0]) | (np.int64(block[1]) << 8)]
+            dmin = halves[np.int64(block[2]) | (np.int64(block[3]) << 8)]
+            out_f[(base + 4 * group + 4 * within) // 4] = dmin
+            for j in range(8):
+                sc, m = _scale_min(block[4:16], j)
+                out8[base + 8 * group + j * group + within] = sc
+                out8[base + 16 * group + j * group + within] = m
+                # sub-block j: the low (j even) or high nibbles of the 32 bytes of its pair
+                q = block[16 + 32 * (j // 2) : 16 + 32 * (j // 2) + 32]
+                shift = 4 * (j % 2)
+                at = base + 24 * group + (j * group + within) * 16
+                for lane in range(16):
+                    low, high = (q[lane] >> shift) & 15, (q[lane + 16] >> shift) & 15
+                    out8[at + lane] = low | (high << 4)
+
+
 def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) -> np.ndarray:
     """The kernels' layout of ``raw`` (rows of the file's ``kind`` blocks, C-contiguous uint8
     (n, bytes per row)): a new array with each block's float16 header fields widened to
@@ -146,9 +184,10 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     order = np.arange(raw.shape[0]) if rows is None else np.asarray(rows, np.int64)
     n = order.shape[0]
     group = ROW_GROUP if interleaved(n) else 1
-    if not fields and kind not in READ_AS and group == 1:
+    if not fields and kind not in READ_AS and kind != Q4_K and group == 1:
         return raw if rows is None else np.ascontiguousarray(raw[order])
     size, (inputs, wide) = FILE_SHAPES[kind][1], SHAPES[READ_AS.get(kind, kind)]
+    halves = _half_table().view(np.float32)
     out = np.empty((n, raw.shape[1] // size * FILE_SHAPES[kind][0] // inputs * wide), np.uint8)
     flat = out.reshape(-1)
     raw16, out16, out32 = raw.view(np.uint16), flat.view(np.uint16), flat.view(np.uint32)
@@ -159,8 +198,10 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     step = max(group, CHUNK_BYTES // max(1, raw.shape[1]) // group * group)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        if kind in READ_AS:
-            halves, header = table.view(np.float32), LAYOUT[READ_AS[kind]][1]
+        if kind == Q4_K:
+            _q4_k_rows(raw, order, r0, r1, flat, halves, group)
+        elif kind in READ_AS:
+            header = LAYOUT[READ_AS[kind]][1]
             _sub_blocks(raw, order, r0, r1, flat, out32, halves, kind, group, size, wide, header)
         else:
             _repack_rows(raw16, order, r0, r1, out16, out32, table, size, wide, fields, group)

@@ -28,9 +28,12 @@ from pagedattn.model.block_ir import (
     CENTRED,
     LAYOUT,
     MINIMUM_KINDS,
+    Q4_K,
     Q5_KINDS,
     ROW_GROUP,
     SHAPES,
+    Place,
+    block_place,
     block_ptr,
     by_kind,
 )
@@ -42,6 +45,7 @@ from pagedattn.model.int8_ir import (
     concat,
     require_int8,
 )
+from pagedattn.model.q4_k import q4_k_at
 
 _V16 = ir.VectorType(I8, 16)
 
@@ -49,14 +53,6 @@ _V16 = ir.VectorType(I8, 16)
 def sub_blocks(kind: int) -> int:
     """32-input blocks per block of ``kind`` as the kernels read it (8 for Q6_K, else 1)."""
     return SHAPES[kind][0] // BLOCK
-
-
-def super_block(builder: ir.IRBuilder, b: ir.Value, subs: int) -> tuple[ir.Value, ir.Value]:
-    """The super-block and the sub-block within it of 32-input block ``b`` (``subs`` per
-    super-block, a power of two)."""
-    assert subs & (subs - 1) == 0
-    i64 = b.type
-    return builder.lshr(b, i64(subs.bit_length() - 1)), builder.and_(b, i64(subs - 1))
 
 
 def prefetch_share(
@@ -200,6 +196,54 @@ def tile_blocks(
     return out
 
 
+class Q4KFields(NamedTuple):
+    """A tile's rows' Q4_K sub-block: its code bytes as :func:`tile_codes` gives Q4_1's, the
+    rows' scales ``d * sc`` and offsets ``-(dmin * m)`` (<rows x float>)."""
+
+    lo: ir.Value
+    hi: ir.Value
+    scales: ir.Value
+    offsets: ir.Value
+
+
+def q4_k_fields(
+    builder: ir.IRBuilder, b_arr: Arr2D, n: ir.Value, sb: ir.Value, sub: ir.Value, rows: int
+) -> Q4KFields:
+    """Sub-block ``sub`` of super-block ``sb`` of rows ``n .. n + rows - 1`` (one row of any
+    matrix, or whole groups of a grouped one, as :func:`tile_blocks` takes them) in Q4_K's
+    layout (:data:`~pagedattn.model.q4_k.Q4_K_FIELDS`): a group's four rows' elements of
+    a field lie side by side, so each field is one load per group."""
+    i64 = n.type
+    size = SHAPES[Q4_K][1]
+    per = min(rows, ROW_GROUP)  # rows per place
+    places = []
+    for q in range(0, rows, per):
+        place = block_place(builder, b_arr, builder.add(n, i64(q)), sb, size)
+        if rows > 1:  # whole groups: the first row's, in a group of ROW_GROUP
+            place = Place(place.base, i64(0), i64(ROW_GROUP))
+        places.append(place)
+
+    def field(name: str, j: ir.Value | int, ty: ir.Type) -> ir.Value:
+        vector = ir.VectorType(ty, per * (16 if name == "codes" else 1))
+        return concat(
+            builder,
+            [
+                builder.load(
+                    builder.bitcast(q4_k_at(builder, p, name, j), vector.as_pointer()), align=1
+                )
+                for p in places
+            ],
+        )
+
+    packed = field("codes", sub, I8)
+    sc, m = (builder.uitofp(field(name, sub, I8), ir.VectorType(F32, rows)) for name in ("sc", "m"))
+    d, dmin = (field(name, 0, F32) for name in ("d", "dmin"))
+    count = packed.type.count
+    lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
+    hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
+    return Q4KFields(lo, hi, builder.fmul(d, sc), builder.fneg(builder.fmul(dmin, m)))
+
+
 def block_offsets(
     builder: ir.IRBuilder, kind: int, blocks: Blocks, d_rows: ir.Value
 ) -> ir.Value | None:
@@ -231,7 +275,7 @@ def int8_tile(
 ) -> Any:
     """Intrinsic (kind, blocks, n0, xq, xd, xsum, t0) -> UniTuple(float32, outputs): the values
     ``emitter(builder, operands)(kind)`` emits for the block kind held by ``kind`` (a variant per
-    kind of ``kinds``: by default every kind the kernels read, Q4_K / Q5_K as Q4_1 / Q5_1)."""
+    kind of ``kinds``: by default every kind the kernels read, Q5_K as Q5_1)."""
 
     @intrinsic  # type: ignore[misc]
     def int8_dot(

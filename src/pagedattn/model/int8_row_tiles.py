@@ -23,8 +23,11 @@ from pagedattn.kernels.simd_ir import F32, I8, I32, carried_loop, fma, mask, spl
 from pagedattn.model.block_ir import (
     BLOCK,
     LAYOUT,
+    Q4_K,
     Q5_KINDS,
     SHAPES,
+    Place,
+    super_block,
 )
 from pagedattn.model.int8_blocks import (
     TileOperands,
@@ -32,9 +35,9 @@ from pagedattn.model.int8_blocks import (
     fifth_bits,
     int8_tile,
     loaded,
+    q4_k_fields,
     row_floats,
     sub_blocks,
-    super_block,
     tile_blocks,
 )
 from pagedattn.model.int8_ir import (
@@ -55,6 +58,7 @@ from pagedattn.model.int8_q6_k import (
     q6_k_total,
     q6_k_unpack,
 )
+from pagedattn.model.q4_k import q4_k_at
 
 ROWS = 16  # output rows per tile: one per int32 lane of a zmm
 
@@ -101,6 +105,20 @@ def transposed_codes(
             qh = words(builder.add(place.qh_at, i64(part)))
             halves.append([q6_k_unpack(builder, a, b, place) for a, b in zip(ql, qh, strict=True)])
         return halves[0], halves[1]
+    if kind == Q4_K:  # a group's sub-block codes side by side: one load per group
+        assert sub is not None
+        i64 = sub.type
+        at = [
+            q4_k_at(builder, Place(p, i64(0), i64(GROUPS)), "codes", sub) for p in blocks[::GROUPS]
+        ]
+        v16 = ir.VectorType(I32, 16).as_pointer()
+        per_group = [builder.load(builder.bitcast(p, v16), align=1) for p in at]
+        packed = [as_type(builder, v, I8) for v in _transposed(builder, per_group)]
+        count = packed[0].type.count
+        return (
+            [builder.and_(p, ir.Constant(p.type, [15] * count)) for p in packed],
+            [builder.lshr(p, ir.Constant(p.type, [4] * count)) for p in packed],
+        )
     header = LAYOUT[kind][1]
     if not LAYOUT[kind][2]:  # Q8_0 (biased as tile_codes biases it)
         lo, hi = words(header), words(header + 16)
@@ -143,9 +161,14 @@ def make_rows_dot(cols: int) -> Any:
                 blocks = tile_blocks(builder, b_arr, n_first, sb, size, ROWS, ROWS, sub, subs)
                 lo, hi = transposed_codes(builder, kind, blocks, sub)
                 scales = offsets = None
-                if sub is not None:  # Q6_K
+                if kind == Q6_K:
+                    assert sub is not None
                     d = q6_k_scales(builder, blocks)
                     scales = q6_k_sub_scales(builder, blocks, sub)
+                elif kind == Q4_K:
+                    assert sub is not None
+                    q4_k = q4_k_fields(builder, b_arr, n_first, sb, sub, ROWS)
+                    d, offsets = q4_k.scales, q4_k.offsets
                 else:
                     d = row_floats(builder, blocks, 0)
                     offsets = block_offsets(builder, kind, blocks, d)

@@ -27,16 +27,16 @@ from pagedattn.kernels.simd_ir import (
     fma,
     mask,
 )
-from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES
+from pagedattn.model.block_ir import BLOCK, Q4_K, ROW_GROUP, SHAPES, super_block
 from pagedattn.model.int8_blocks import (
     Blocks,
     Groups,
     TileOperands,
     block_offsets,
     int8_tile,
+    q4_k_fields,
     row_floats,
     sub_blocks,
-    super_block,
     tile_blocks,
     tile_codes,
 )
@@ -49,6 +49,7 @@ from pagedattn.model.int8_ir import (
     repeated,
 )
 from pagedattn.model.int8_q6_k import (
+    Q6_K,
     minus_32,
     q6_k_codes,
     q6_k_scales,
@@ -116,14 +117,19 @@ def make_int8_dot(rows: int, cols: int, kinds: tuple[int, ...] = tuple(SHAPES)) 
                     builder, b_arr, n_first, sb, size, rows, max(8, 2 * rows), sub, subs
                 )
                 blocks: Blocks = pointers
-                if sub is None:
+                q4_k = None
+                if kind == Q4_K:
+                    assert sub is not None
+                    q4_k = q4_k_fields(builder, b_arr, n_first, sb, sub, rows)
+                    lo, hi = q4_k.lo, q4_k.hi
+                elif sub is None:
                     if rows > 1:  # each group's blocks: one load, fields picked in registers
                         blocks = Groups.load(builder, pointers[::ROW_GROUP], size)
                     lo, hi = tile_codes(builder, kind, blocks)
                 else:  # Q6_K
                     lo, hi = q6_k_codes(builder, pointers, sub)
                 biased = biased_q8(kind, lo.type.count)
-                split = sub is not None  # Q6_K, a scale per 16 inputs: the halves' sums apart
+                split = kind == Q6_K  # a scale per 16 inputs: the halves' sums apart
                 halves: tuple[list[ir.Value], list[ir.Value]] = ([], [])
                 for c in range(cols):
                     t_row = builder.add(t_first, i64(c))
@@ -141,7 +147,8 @@ def make_int8_dot(rows: int, cols: int, kinds: tuple[int, ...] = tuple(SHAPES)) 
                     for h in range(2)
                 ]
                 dx = per_col(b, d_arr, F32)
-                if sub is not None:
+                if kind == Q6_K:
+                    assert sub is not None
                     centred = [  # each half's sum of (code - 32) * xq (minus_32)
                         builder.add(block_sums(builder, h), by_cols(minus_32(builder, x)))
                         for h, x in zip(halves, x_halves, strict=True)
@@ -159,10 +166,13 @@ def make_int8_dot(rows: int, cols: int, kinds: tuple[int, ...] = tuple(SHAPES)) 
                     bias = builder.shl(by_cols(x_sums), ir.Constant(block_total.type, [7] * tile))
                     block_total = builder.sub(block_total, bias)
                 total = builder.sitofp(block_total, tile_ty)
-                d_rows = row_floats(builder, blocks, 0)
+                d_rows = row_floats(builder, blocks, 0) if q4_k is None else q4_k.scales
                 d = by_rows(d_rows)
                 acc = fma(builder, builder.fmul(d, by_cols(dx)), total, accs[0])
-                offsets = block_offsets(builder, kind, blocks, d_rows)
+                if q4_k is None:
+                    offsets = block_offsets(builder, kind, blocks, d_rows)
+                else:
+                    offsets = q4_k.offsets
                 if offsets is None:
                     return [acc, accs[1]]
                 xs = builder.fmul(dx, builder.sitofp(x_sums, dx.type))  # q8_1's s

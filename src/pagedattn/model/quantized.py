@@ -5,8 +5,9 @@ A GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix is, per block of 32 inputs,
 ``ggml-common.h`` ``block_q4_0`` ...); a Q4_K / Q5_K / Q6_K matrix is made of 256-input
 super-blocks whose sub-blocks of 32 (16 for Q6_K) have 6- or 8-bit scales under a float16 one.
 :class:`BlockQuantized` keeps the blocks (a copy with the 32-input formats' float16 scales
-widened to float32, Q4_K / Q5_K as Q4_1 / Q5_1 blocks of their 32-input sub-blocks, Q6_K as in
-the file, :mod:`pagedattn.model.block_repack`; 0.82-1.13 bytes per weight, never a float32
+widened to float32, Q4_K in a compact layout of float32 super-block scales and byte sub-block
+ones, Q5_K as Q5_1 blocks of its 32-input sub-blocks, Q6_K as in the file,
+:mod:`pagedattn.model.block_repack`; 0.59-1.13 bytes per weight, never a float32
 matrix) and
 :func:`qmatmul` multiplies by them without
 expanding the matrix: the kernels of :mod:`pagedattn.model.block_dot` decode each block in
@@ -64,12 +65,13 @@ class BlockQuantized:
         blocks: (out_features, blocks per row * bytes per block) uint8 in the kernels' layout
             (:func:`~pagedattn.model.block_repack.repack_blocks`): blocks of
             :data:`~pagedattn.model.block_ir.SHAPES` (the 32-input formats with float32 header
-            fields, Q6_K as in the file) and, where out_features is a multiple of four,
+            fields, Q4_K compact, Q6_K as in the file) and, where out_features is a multiple
+            of four,
             rows interleaved by groups of four (:func:`~pagedattn.model.block_ir.block_ptr`);
             otherwise row ``n`` is ``blocks[n]``, for Q6_K a view of the memory-mapped
             GGUF where rows keep their order. Read-only.
         type_name: the block type of that layout, a key of :data:`BLOCK_SHAPES` (``"Q4_0"``,
-            ``"Q6_K"``...; a Q4_K / Q5_K matrix is held as ``"Q4_1"`` / ``"Q5_1"`` blocks).
+            ``"Q6_K"``...; a Q5_K matrix is held as ``"Q5_1"`` blocks).
         kernel_kinds: further block kinds the register-decode kernel reading this matrix is
             compiled for (a model gives each of its matrices the kinds of all of them, so that
             they share one compiled kernel); the matrix's own kind is always included.
@@ -120,7 +122,7 @@ def from_gguf_blocks(
     raw: np.ndarray, type_name: str, shape: tuple[int, int], rows: np.ndarray | None = None
 ) -> BlockQuantized:
     """Wrap raw GGUF tensor bytes as a :class:`BlockQuantized` in the kernels' layout
-    (:func:`~pagedattn.model.block_repack.repack_blocks`: Q4_K / Q5_K as Q4_1 / Q5_1 blocks;
+    (:func:`~pagedattn.model.block_repack.repack_blocks`: Q5_K as Q5_1 blocks;
     a Q6_K matrix of a row count that is not a multiple of four a view of the bytes).
 
     Args:
