@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from pagedattn.kernels.simd_ir import I8, fma, mask, splat
+from pagedattn.kernels.simd_ir import I8, Arr2D, fma, mask, splat
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_ir import (
     LANES,
@@ -36,7 +36,8 @@ from pagedattn.model.block_ir import (
     Q6_K_FIELDS,
     SHAPES,
     VF,
-    Place,
+    block_place,
+    block_ptr,
     decoded_block,
     float_at,
     half_at,
@@ -50,15 +51,26 @@ GROUP = 32  # inputs per group
 _I64 = ir.IntType(64)
 
 
-def decoder(builder: ir.IRBuilder, kind: int, place: Place, sub: ir.Value | None = None) -> Decoder:
-    """The decoder of the ``kind`` block at ``place`` (:func:`~.block_ir.block_place`); of a
-    Q4_K super-block's 32-input sub-block ``sub`` alone where given."""
+def decoder(
+    builder: ir.IRBuilder,
+    kind: int,
+    blocks: Arr2D,
+    row: ir.Value,
+    block: ir.Value,
+    sub: ir.Value | None = None,
+    group: int | None = None,
+) -> Decoder:
+    """The decoder of block ``block`` of row ``row`` of ``blocks`` (the kernels' layout); of a
+    Q4_K super-block's 32-input sub-block ``sub`` alone where given (``group``: the matrix's
+    rows per group where the caller knows it, :func:`~.block_ir.block_place`)."""
+    size = SHAPES[kind][1]
     if kind == Q4_K:
+        place = block_place(builder, blocks, row, block, size, group)
         return Q4KSuperBlock(builder, place) if sub is None else q4_k_sub(builder, place, sub)
-    block = builder.gep(place.base, [builder.mul(place.within, _I64(SHAPES[kind][1]))])
+    at = block_ptr(builder, blocks, row, block, size)
     if kind == 7:
-        return _Q6K(builder, block)
-    return _Simple(builder, kind, block)
+        return _Q6K(builder, at)
+    return _Simple(builder, kind, at)
 
 
 def prefetch_offsets(kind: int) -> range:

@@ -54,7 +54,6 @@ from pagedattn.model.block_ir import (
     ROW_GROUP,
     SHAPES,
     VF,
-    block_place,
     block_ptr,
     by_kind,
     kinds_of,
@@ -150,8 +149,7 @@ def _make_decode_dot(rows: int, cols: int = 1) -> Any:
                             else:
                                 line = builder.mul(builder.and_(sub, i64(3)), i64(64))
                                 prefetch(builder, builder.gep(ahead, [line]))
-                            place = block_place(builder, b_arr, n, sb, size, group)
-                            decoders.append(decoder(builder, kind, place, sub))
+                            decoders.append(decoder(builder, kind, b_arr, n, sb, sub, group))
                     out = list(accs)
                     for g in range(decoders[0].groups):
                         at = builder.add(k, i64(GROUP * g))

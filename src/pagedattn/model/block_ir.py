@@ -127,9 +127,15 @@ def block_ptr(
 ) -> ir.Value:
     """Address (i8*) of block ``block`` of row ``row`` in ``blocks``: its group's rows' blocks
     side by side (:func:`block_place`; Q4_K's fields lie apart,
-    :func:`~pagedattn.model.q4_k.q4_k_at`)."""
-    place = block_place(builder, blocks, row, block, size)
-    return builder.gep(place.base, [builder.mul(place.within, row.type(size))])
+    :func:`~pagedattn.model.q4_k.q4_k_at`). The same address as ``block_place``'s base plus
+    ``within`` blocks, in the form LLVM's loop strength reduction turns into one pointer
+    increment per block."""
+    i64 = row.type
+    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    within = builder.select(grouped, builder.and_(row, i64(ROW_GROUP - 1)), i64(0))
+    per_block = builder.select(grouped, i64(ROW_GROUP), i64(1))
+    slot = builder.add(builder.mul(block, per_block), within)
+    return blocks.ptr(builder, builder.sub(row, within), builder.mul(slot, i64(size)))
 
 
 def super_block(builder: ir.IRBuilder, b: ir.Value, subs: int) -> tuple[ir.Value, ir.Value]:

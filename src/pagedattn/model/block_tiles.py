@@ -27,7 +27,7 @@ from pagedattn.kernels.simd_ir import Arr2D, carried_loop, fma, hsum, load_vecto
 from pagedattn.kernels.target import has_wide_registers
 from pagedattn.model.block_decoders import GROUP, decoder
 from pagedattn.model.block_dot import ROWS_PER_TASK
-from pagedattn.model.block_ir import LANES, SHAPES, VF, block_place, by_kind
+from pagedattn.model.block_ir import LANES, SHAPES, VF, by_kind
 
 # output rows x activation rows per register tile: 2 x 3 accumulators, two ymm each, with the
 # rows of x and a weight vector fill AVX2's 16 registers; AVX-512's 32 zmm hold 4 x 4 (with 4
@@ -59,7 +59,7 @@ def decode_into(typingctx: Any, kind: Any, blocks: Any, n: Any, w: Any, r: Any) 
             elements, size = SHAPES[kind]
 
             def body(b: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                dec = decoder(builder, kind, block_place(builder, b_arr, row, b, size))
+                dec = decoder(builder, kind, b_arr, row, b)
                 for g in range(dec.groups):
                     for i, vec in enumerate(dec.group(g)):
                         col = builder.mul(b, i64(elements))
