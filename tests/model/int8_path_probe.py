@@ -18,13 +18,14 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from pagedattn.model.quantized import from_gguf_blocks, qmatmul
+from tests.model.random_blocks import random_blocks
 
-KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q6_K)
+KINDS = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)
 ROWS = (1, 2, 3, 15)  # every kind of tile: 8, 4 (whole tasks on zmm), 2 and 1 activation rows
 # 23: rows one after another, five tiles of four output rows and three leftover rows; 24:
 # rows side by side in groups of four (the layout of every real model's matrices), six tiles
 OUTPUTS = (23, 24)
-BLOCKS = 5  # 32-input blocks per row (Q6_K: two 256-input super-blocks)
+BLOCKS = 5  # 32-input blocks per row (K-quants: two 256-input super-blocks)
 
 
 def random_q6_k(rows: int, super_blocks: int, rng: np.random.Generator) -> np.ndarray:
@@ -44,6 +45,8 @@ def cases() -> Iterator[tuple[str, np.ndarray, np.ndarray, Q]]:
             rng = np.random.default_rng(int(kind) + 100 * outputs)
             if kind == Q.Q6_K:
                 k, raw = 512, random_q6_k(outputs, 2, rng)
+            elif kind == Q.Q4_K:
+                k, raw = 512, random_blocks(kind, (outputs, 512), rng, centred=True)
             else:
                 k = 32 * BLOCKS
                 raw = quantize(rng.standard_normal((outputs, k)).astype(np.float32), kind)

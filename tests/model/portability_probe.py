@@ -48,11 +48,13 @@ def _matmuls(out: dict[str, np.ndarray]) -> None:
             out[f"qmatmul_{qtype.name}_{rows}"] = qmatmul(x, block, block)
         out[f"dequantize_{qtype.name}"] = dequantize_rows(block, np.arange(37))
     for qtype in NEW_TYPES:  # Q5_0, Q5_1 and the K-quants: random blocks, two super-blocks
-        block = from_gguf_blocks(random_blocks(qtype, (37, 512), rng), qtype.name, (37, 512))
-        for rows in (1, 7):
-            x = rng.standard_normal((rows, 512)).astype(np.float32)
-            out[f"qmatmul_{qtype.name}_{rows}"] = qmatmul(x, block)
-        out[f"dequantize_{qtype.name}"] = dequantize_rows(block, np.arange(37))
+        for n in (37, 40):  # rows one after another, and in groups of four
+            raw = random_blocks(qtype, (n, 512), rng)
+            block = from_gguf_blocks(raw, qtype.name, (n, 512))
+            for rows in (1, 7):
+                x = rng.standard_normal((rows, 512)).astype(np.float32)
+                out[f"qmatmul_{qtype.name}_{n}_{rows}"] = qmatmul(x, block)
+            out[f"dequantize_{qtype.name}_{n}"] = dequantize_rows(block, np.arange(n))
     for width in (160, 150):  # a multiple of 16 lanes, and not
         w = rng.standard_normal((21, width)).astype(np.float32)
         x = rng.standard_normal((5, width)).astype(np.float32)

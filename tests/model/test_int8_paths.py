@@ -3,7 +3,8 @@ one (``NUMBA_CPU_NAME=haswell``), ymm VNNI (``alderlake``: AVX-VNNI, no AVX-512)
 VNNI (``skylake-avx512``), each compiled in a subprocess of its own, and a by-hand float32
 re-derivation of ggml's reference ``ggml_vec_dot_q4_1_q8_1`` (per block the exact integer dot
 product, met by ``d * dx`` in one fused multiply-add, plus the offset term's own accumulator;
-Q6_K's two 16-input halves met by their int8 scales in integers first). The cases hold
+Q4_K's sub-blocks as Q4_1 blocks of scale ``d * sc`` and offset ``-(dmin * m)``, Q6_K's two
+16-input halves met by their int8 scales in integers first). The cases hold
 matrices of rows one after another (23) and grouped side by side (24)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gguf.quants import dequantize
 from pagedattn.kernels.target import has_avx2, has_avx512bw, has_vnni_256
 from tests.kernel_cache_dirs import kernel_cache_dir
 from tests.model import int8_path_probe
+from tests.model.random_blocks import random_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,6 +105,44 @@ def _q6_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
+def _q4_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes (N, B, 32), float32 scales ``d * sc`` and offsets ``-(dmin * m)`` (N, B) per
+    32-input sub-block of ggml's block_q4_K rows (f16 d, f16 dmin, scales[12], qs[128]), read
+    as ``dequantize_row_q4_K`` reads them: ``get_scale_min_k4``'s 6-bit scale and minimum of
+    sub-block j; sub-blocks 2i and 2i + 1 the low and high nibbles of qs[32 i .. 32 i + 31]."""
+    sb = raw.reshape(raw.shape[0], -1, 144)
+    d = sb[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = sb[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = sb[..., 4:16].astype(np.int64)
+    sc, m = np.empty((*sb.shape[:2], 8), np.int64), np.empty((*sb.shape[:2], 8), np.int64)
+    for j in range(8):
+        if j < 4:
+            sc[..., j], m[..., j] = packed[..., j] & 63, packed[..., j + 4] & 63
+        else:
+            sc[..., j] = (packed[..., j + 4] & 15) | ((packed[..., j - 4] >> 6) << 4)
+            m[..., j] = (packed[..., j + 4] >> 4) | ((packed[..., j] >> 6) << 4)
+    qs = sb[..., 16:].astype(np.int64).reshape(*sb.shape[:2], 4, 32)
+    codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(*sb.shape[:2], 8, 32)
+    scales = d[..., None] * sc.astype(np.float32)
+    offsets = -(dmin[..., None] * m.astype(np.float32))
+    n_rows, n_super = sb.shape[:2]
+    return (
+        codes.reshape(n_rows, n_super * 8, 32),
+        scales.reshape(n_rows, -1),
+        offsets.reshape(n_rows, -1),
+    )
+
+
+def test_the_q4_k_reading_is_gguf_s() -> None:
+    """The by-hand Q4_K reading gives ``gguf``'s dequantized weights (``(d * sc) * code - dmin
+    * m``), so the oracle below reads the format as ggml does."""
+    raw = random_blocks(Q.Q4_K, (3, 512), np.random.default_rng(7))
+    codes, scales, offsets = _q4_k_blocks(raw)
+    weights = scales[..., None] * codes.astype(np.float32) + offsets[..., None]
+    want = dequantize(raw, Q.Q4_K).reshape(3, -1)
+    assert np.array_equal(weights.reshape(3, -1), want)
+
+
 def test_the_q6_k_reading_is_gguf_s() -> None:
     """The by-hand Q6_K reading gives ``gguf``'s dequantized weights (``d * scale * (code -
     32)``), so the oracle below reads the format as ggml does."""
@@ -137,7 +177,7 @@ def _by_hand_q6_k(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
 def _by_hand(x: np.ndarray, raw: np.ndarray, kind: Q) -> np.ndarray:
     if kind == Q.Q6_K:
         return _by_hand_q6_k(x, raw)
-    codes, scales, offsets = _weight_blocks(raw, kind)
+    codes, scales, offsets = _q4_k_blocks(raw) if kind == Q.Q4_K else _weight_blocks(raw, kind)
     out = np.empty((x.shape[0], raw.shape[0]), np.float32)
     for t in range(x.shape[0]):
         xq, xd, xs = _q8_1(x[t])
