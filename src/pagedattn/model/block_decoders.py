@@ -127,26 +127,18 @@ def _byte_splat(value: int) -> ir.Constant:
 _CODES16_LESS_8 = ir.Constant(VF, [float(q - 8) for q in range(LANES)])
 
 
-def _looked_up_nibbles(
-    builder: ir.IRBuilder,
-    kind: int,
-    block: ir.Value,
-    fields: tuple[ir.Value, ir.Value, ir.Value] | None = None,
-) -> list[ir.Value]:
+def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
     """A Q4_0 / Q4_1 block's 32 weights with AVX-512: its 16 possible weights computed once,
     by the fma :func:`~pagedattn.model.block_ir.decoded_block` applies to each input, then
     each input's looked up by its code. Byte j of the codes holds input j (low nibble) and
     input 16 + j (high); ``vpermps`` reads an index's low 4 bits only, so the low nibbles
-    need no mask. ``fields``: a Q4_K sub-block's, as :func:`decoded_block` takes them."""
-    if fields is None:
-        d, m = scale_offset(builder, kind, block)
-        ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
-    else:
-        d, m, ptr = fields
+    need no mask."""
+    d, m = scale_offset(builder, kind, block)
     if kind == 0:  # d * (code - 8): the same correctly rounded value as fma(d, code, -8 * d)
         table = builder.fmul(splat(builder, d, LANES), _CODES16_LESS_8)
     else:
         table = fma(builder, splat(builder, d, LANES), CODES16, splat(builder, m, LANES))
+    ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
     raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
     codes = builder.zext(raw, V16I32)
     high = builder.lshr(codes, ints([4] * LANES))
