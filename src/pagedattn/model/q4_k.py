@@ -49,7 +49,7 @@ def q4_k_at(builder: ir.IRBuilder, place: Place, field: str, j: int | ir.Value =
 
 
 class Q4KSuperBlock:
-    """Q4_K in the kernels' layout (:data:`~.block_ir.Q4_KFIELDS`): sub-block g is a Q4_1
+    """Q4_K in the kernels' layout (:data:`Q4_K_FIELDS`): sub-block g is a Q4_1
     block whose scale ``d * sc[g]`` and offset ``-(dmin * m[g])`` are computed here once per
     super-block, the float32 values ``dequantize_row_q4_K`` computes (both products exact)."""
 
@@ -69,20 +69,8 @@ class Q4KSuperBlock:
             for g in range(8):
                 values = b.insert_element(values, b.load(q4_k_at(b, place, name, g)), I32(g))
             fields.append(b.uitofp(values, v8))
-        scales = b.fmul(
-            b.shuffle_vector(
-                b.insert_element(ir.Constant(ir.VectorType(F32, 1), ir.Undefined), d, I32(0)),
-                ir.Constant(ir.VectorType(F32, 1), ir.Undefined),
-                mask([0] * 8),
-            ),
-            fields[0],
-        )
-        mins = b.shuffle_vector(
-            b.insert_element(ir.Constant(ir.VectorType(F32, 1), ir.Undefined), dmin, I32(0)),
-            ir.Constant(ir.VectorType(F32, 1), ir.Undefined),
-            mask([0] * 8),
-        )
-        offsets = b.fneg(b.fmul(mins, fields[1]))
+        scales = b.fmul(splat(b, d, 8), fields[0])
+        offsets = b.fneg(b.fmul(splat(b, dmin, 8), fields[1]))
         self._lanes = Lanes(b, [scales, offsets])
 
     def group(self, g: int) -> list[ir.Value]:
