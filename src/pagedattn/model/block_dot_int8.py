@@ -30,8 +30,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pagedattn.model.block_dot import DECODE_TILE, ROWS_PER_TASK, num_part_tasks, part_task
+from pagedattn.model.block_dot import ROWS_PER_TASK, num_part_tasks, part_task
 from pagedattn.model.block_ir import BLOCK, ROW_GROUP, SHAPES
+from pagedattn.model.decode_dot import DECODE_TILE
 from pagedattn.model.int8_ir import int8_path
 from pagedattn.model.int8_q6_k import Q6_K, make_q6_k_rows_dot
 from pagedattn.model.int8_quantize import HALF, quantize_activations_serial
