@@ -170,7 +170,8 @@ def _q4_k_rows(raw, rows, r0, r1, out8, halves, group):  # type: ignore[no-untyp
 def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) -> np.ndarray:
     """The kernels' layout of ``raw`` (rows of the file's ``kind`` blocks, C-contiguous uint8
     (n, bytes per row)): a new array with each block's float16 header fields widened to
-    float32 (a Q4_K / Q5_K super-block as eight blocks of ``READ_AS[kind]``) and, where the row
+    float32 (a Q5_K super-block as eight blocks of ``READ_AS[kind]``, a Q4_K one in its compact
+    layout, :mod:`~pagedattn.model.q4_k`) and, where the row
     count is a multiple of :data:`~.block_ir.ROW_GROUP`, the rows interleaved by groups
     (:func:`~.block_ir.block_ptr`); ``raw`` itself for Q6_K in a row count that is not a
     multiple of four, ``rows`` None.
@@ -187,11 +188,11 @@ def repack_blocks(raw: np.ndarray, kind: int, rows: np.ndarray | None = None) ->
     if not fields and kind not in READ_AS and kind != Q4_K and group == 1:
         return raw if rows is None else np.ascontiguousarray(raw[order])
     size, (inputs, wide) = FILE_SHAPES[kind][1], SHAPES[READ_AS.get(kind, kind)]
-    halves = _half_table().view(np.float32)
+    table = _half_table()
+    halves = table.view(np.float32)
     out = np.empty((n, raw.shape[1] // size * FILE_SHAPES[kind][0] // inputs * wide), np.uint8)
     flat = out.reshape(-1)
     raw16, out16, out32 = raw.view(np.uint16), flat.view(np.uint16), flat.view(np.uint32)
-    table = _half_table()
     # a chunk of rows at a time; in file order, the file's pages of each chunk are handed
     # back once copied (for a view of a mapped file; nothing otherwise), so that a matrix's
     # load never holds both whole copies

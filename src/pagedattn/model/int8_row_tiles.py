@@ -25,6 +25,7 @@ from pagedattn.model.block_ir import (
     LAYOUT,
     Q4_K,
     Q5_KINDS,
+    ROW_GROUP,
     SHAPES,
     Place,
     super_block,
@@ -109,7 +110,8 @@ def transposed_codes(
         assert sub is not None
         i64 = sub.type
         at = [
-            q4_k_at(builder, Place(p, i64(0), i64(GROUPS)), "codes", sub) for p in blocks[::GROUPS]
+            q4_k_at(builder, Place(p, i64(0), i64(ROW_GROUP)), "codes", sub)
+            for p in blocks[::ROW_GROUP]
         ]
         v16 = ir.VectorType(I32, 16).as_pointer()
         per_group = [builder.load(builder.bitcast(p, v16), align=1) for p in at]
