@@ -17,7 +17,7 @@ from pagedattn.kernels.fast_exp import exp_poly, exp_reduce
 from pagedattn.kernels.kv_dtype import load_f32
 from pagedattn.kernels.kv_int8 import row_scale
 from pagedattn.kernels.numba_consts import BLOCK_KEYS, FASTMATH, FASTMATH_ORDERED, NEG_INF
-from pagedattn.kernels.prefetch import prefetch_tile
+from pagedattn.kernels.prefetch import PREFETCH_PAGES, prefetch_tile
 
 
 @njit(fastmath=FASTMATH_ORDERED, cache=True, nogil=True)
@@ -90,14 +90,10 @@ def _attend(
     page_size = k_cache.shape[2]
     block_pages = scores.shape[1] // page_size
     last_page = (end - 1) // page_size
+    hinted = start // page_size - 1  # the last page whose tiles were prefetched
     for first in range(start // page_size, last_page + 1, block_pages):
         key0 = first * page_size  # keys [key0, key0 + block_pages * page_size) share one update
         key_end = min(first + block_pages, last_page + 1) * page_size
-        # the next block's keys and values: its pages start cold for the hardware prefetcher
-        for pi in range(first + block_pages, min(first + 2 * block_pages, last_page + 1)):
-            if table_row[pi] >= 0:
-                prefetch_tile(k_cache, table_row[pi], g)  # type: ignore[call-arg]
-                prefetch_tile(v_cache, table_row[pi], g)  # type: ignore[call-arg]
         for r in range(num_rows):
             k0 = max(max(row_lo[r], start), key0)
             k1 = min(min(row_hi[r], end), key_end)
@@ -107,6 +103,13 @@ def _attend(
                 page = table_row[pi]
                 base = pi * page_size
                 t_lo, t_hi = max(k0 - base, 0), min(k1 - base, page_size)
+                # the tiles PREFETCH_PAGES pages on (each page starts cold for the hardware
+                # prefetcher), one page per page read rather than a block's at once
+                while hinted < min(pi + PREFETCH_PAGES, last_page):
+                    hinted += 1
+                    if table_row[hinted] >= 0:
+                        prefetch_tile(k_cache, table_row[hinted], g)  # type: ignore[call-arg]
+                        prefetch_tile(v_cache, table_row[hinted], g)  # type: ignore[call-arg]
                 if page < 0:  # absent page (evicted by the cache): its keys are not visible
                     for h in range(group):
                         for t in range(t_lo, t_hi):
