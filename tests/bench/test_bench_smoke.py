@@ -138,3 +138,18 @@ def test_cpu_features_read_the_flags_line(tmp_path: Path) -> None:
     info.write_text("flags : fpu sse sse2\n")
     assert cpu_features(info) == []
     assert cpu_features(tmp_path / "absent") == ["unknown"]
+
+
+def test_bench_spec_runs_on_the_activations_asked_for_and_stays_lossless() -> None:
+    """The embedded SmolLM2 (the bench's prompts are longer than the tiny model's context)."""
+    import pagedattn.cli.bench_spec  # noqa: F401  (register the command)
+
+    args = ["bench", "spec", "--rounds", "1", "--max-tokens", "6", "--threads", "1",
+            "--activations", "int8"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "bench spec: 1 threads, activations int8," in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.endswith(("identical", "differ"))]
+    assert len(rows) >= 2 and all(row.endswith("identical") for row in rows), result.stdout
+    bad = runner.invoke(app, [*args[:-1], "int4"], env={"COLUMNS": "200"})
+    assert bad.exit_code != 0 and "activations" in bad.output

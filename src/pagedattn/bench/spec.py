@@ -158,8 +158,10 @@ def run_spec_bench(
     rounds: int = 2,
     max_tokens: int = 128,
     num_speculative_tokens: int = 8,
+    activations: str = "float32",
 ) -> dict[str, Any]:
-    """Measure decode tok/s with and without speculation (see the module doc).
+    """Measure decode tok/s with and without speculation (see the module doc), the model's
+    projections on ``activations`` (float32, or int8 as ``--activations int8``).
 
     Returns:
         ``{workload: {"off": tok/s, "on": tok/s, "ratio": on/off, "cpu_ratio": the same in
@@ -173,8 +175,12 @@ def run_spec_bench(
     from pagedattn.model.loader import load_model
 
     loaded = load_model(model)
-    net = build_model(loaded, resolve_model_backend("numpy", None))
-    common: dict[str, Any] = {"enable_prefix_caching": False, "max_num_seqs": 1}
+    net = build_model(loaded, resolve_model_backend("numpy", None), activations=activations)
+    common: dict[str, Any] = {
+        "enable_prefix_caching": False,
+        "max_num_seqs": 1,
+        "activations": activations,
+    }
     engines = {
         "off": LLMEngine(engine_config(model, speculative="none", **common), net, loaded.tokenizer,
                          model_fingerprint=loaded.fingerprint),

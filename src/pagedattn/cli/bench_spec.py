@@ -10,7 +10,7 @@ import typer
 
 from pagedattn.cli.app import bench_app
 from pagedattn.cli.errors import cli_errors
-from pagedattn.cli.options import ModelOption
+from pagedattn.cli.options import ActivationsOption, ModelOption
 
 METHOD = (
     "Method: each request alone, greedy, prefix caching off; decode tok/s = tokens after the "
@@ -34,6 +34,7 @@ def bench_spec(
         int, typer.Option(min=1, max=64, metavar="N", help="Most drafts per step.")
     ] = 8,
     threads: Annotated[int, typer.Option(min=1, metavar="N", help="numba threads.")] = 2,
+    activations: ActivationsOption = "float32",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures to this file.")
     ] = None,
@@ -49,9 +50,9 @@ def bench_spec(
     with cli_errors():
         results = run_spec_bench(
             model, rounds=rounds, max_tokens=max_tokens,
-            num_speculative_tokens=num_speculative_tokens,
+            num_speculative_tokens=num_speculative_tokens, activations=activations,
         )  # fmt: skip
-    typer.echo(f"bench spec: {threads} threads, {cpu_line()}")
+    typer.echo(f"bench spec: {threads} threads, activations {activations}, {cpu_line()}")
     typer.echo(report(results))
     typer.echo(METHOD)
     if json_out is not None:
