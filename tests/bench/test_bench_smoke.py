@@ -149,7 +149,8 @@ def test_bench_spec_runs_on_the_activations_asked_for_and_stays_lossless() -> No
     result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "bench spec: 1 threads, activations int8," in result.stdout
-    rows = [line for line in result.stdout.splitlines() if line.endswith(("identical", "differ"))]
-    assert len(rows) >= 2 and all(row.endswith("identical") for row in rows), result.stdout
+    # grounded, free chat and the five grounded tasks, each marked identical or DIFFER
+    rows = [line for line in result.stdout.splitlines() if line.endswith(("identical", "DIFFER"))]
+    assert len(rows) == 7 and all(row.endswith("identical") for row in rows), result.stdout
     bad = runner.invoke(app, [*args[:-1], "int4"], env={"COLUMNS": "200"})
     assert bad.exit_code != 0 and "activations" in bad.output
