@@ -275,6 +275,10 @@ async function generate(conv) {
     }
     streaming = null;
     save();
+    if (frame) {  // the last chunk's redraw: renderAll below draws the finished reply
+      cancelAnimationFrame(frame);
+      frame = 0;
+    }
     if (conv.id === current) renderAll();
     else renderList();
   }
