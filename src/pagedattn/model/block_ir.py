@@ -94,12 +94,17 @@ class Place(NamedTuple):
     group: ir.Value
 
 
+def _grouped(builder: ir.IRBuilder, blocks: Arr2D) -> ir.Value:
+    """i1: whether ``blocks`` is stored in :data:`ROW_GROUP`-row groups (:func:`interleaved`)."""
+    i64 = blocks.shape[0].type
+    return builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
+
+
 def row_group(builder: ir.IRBuilder, blocks: Arr2D) -> ir.Value:
     """The rows per group of ``blocks`` (i64): :data:`ROW_GROUP` where the row count allows
     (:func:`interleaved`), else 1."""
     i64 = blocks.shape[0].type
-    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
-    return builder.select(grouped, i64(ROW_GROUP), i64(1))
+    return builder.select(_grouped(builder, blocks), i64(ROW_GROUP), i64(1))
 
 
 def block_place(
@@ -131,7 +136,7 @@ def block_ptr(
     ``within`` blocks, in the form LLVM's loop strength reduction turns into one pointer
     increment per block."""
     i64 = row.type
-    grouped = builder.icmp_signed("==", builder.and_(blocks.shape[0], i64(ROW_GROUP - 1)), i64(0))
+    grouped = _grouped(builder, blocks)
     within = builder.select(grouped, builder.and_(row, i64(ROW_GROUP - 1)), i64(0))
     per_block = builder.select(grouped, i64(ROW_GROUP), i64(1))
     slot = builder.add(builder.mul(block, per_block), within)

@@ -51,6 +51,7 @@ from pagedattn.model.block_ir import (
     interleaved,
 )
 from pagedattn.model.mapped_pages import release_pages
+from pagedattn.model.q4_k import Q4_K_FIELDS
 
 # The loader runs this module's kernel first of all: Numba's runtime must be the cached one
 # by then (kernels/numba_runtime.py; compiling it touched ~22 MiB more of LLVM and its heap).
@@ -136,13 +137,20 @@ def _sub_blocks(raw, rows, r0, r1, out8, out32, halves, kind, group, size, wide,
                     out8[at + header + lane] = low | (high << 4)
 
 
+# Q4_K's bytes per super-block in the file and in the kernels' layout, and the layout's field
+# offsets (Q4_K_FIELDS: d, dmin, sc, m, codes), as plain ints for the compiled repack
+_Q4_K_SIZES = (FILE_SHAPES[Q4_K][1], SHAPES[Q4_K][1])
+_Q4_K_OFFSETS = tuple(Q4_K_FIELDS[f][0] for f in ("d", "dmin", "sc", "m", "codes"))
+
+
 @numba.njit(cache=True, nogil=True)
 def _q4_k_rows(raw, rows, r0, r1, out8, halves, group):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Output rows ``r0 .. r1`` of Q4_K ``raw`` rows in the kernels' layout
     (:data:`~.q4_k.Q4_K_FIELDS`, :func:`~.q4_k.q4_k_at`): per group of ``group`` rows
     and super-block, each field's elements side by side; ``out8`` the whole output as flat
     uint8, ``halves`` the float32 of every float16 bit pattern."""
-    size, wide = 144, 152
+    size, wide = _Q4_K_SIZES
+    d_at, dmin_at, sc_at, m_at, codes_at = _Q4_K_OFFSETS
     num_super = raw.shape[1] // size
     out_f = out8.view(np.float32)
     for i in range(r0, r1):
@@ -151,17 +159,18 @@ def _q4_k_rows(raw, rows, r0, r1, out8, halves, group):  # type: ignore[no-untyp
         for sb in range(num_super):
             block = src[sb * size : (sb + 1) * size]
             base = (i - within) * num_super * wide + sb * wide * group
-            out_f[(base + 4 * within) // 4] = halves[np.int64(block[0]) | (np.int64(block[1]) << 8)]
+            d = halves[np.int64(block[0]) | (np.int64(block[1]) << 8)]
+            out_f[(base + d_at * group + 4 * within) // 4] = d
             dmin = halves[np.int64(block[2]) | (np.int64(block[3]) << 8)]
-            out_f[(base + 4 * group + 4 * within) // 4] = dmin
+            out_f[(base + dmin_at * group + 4 * within) // 4] = dmin
             for j in range(8):
                 sc, m = _scale_min(block[4:16], j)
-                out8[base + 8 * group + j * group + within] = sc
-                out8[base + 16 * group + j * group + within] = m
+                out8[base + sc_at * group + j * group + within] = sc
+                out8[base + m_at * group + j * group + within] = m
                 # sub-block j: the low (j even) or high nibbles of the 32 bytes of its pair
                 q = block[16 + 32 * (j // 2) : 16 + 32 * (j // 2) + 32]
                 shift = 4 * (j % 2)
-                at = base + 24 * group + (j * group + within) * 16
+                at = base + codes_at * group + (j * group + within) * 16
                 for lane in range(16):
                     low, high = (q[lane] >> shift) & 15, (q[lane + 16] >> shift) & 15
                     out8[at + lane] = low | (high << 4)

@@ -45,7 +45,7 @@ from pagedattn.model.int8_ir import (
     concat,
     require_int8,
 )
-from pagedattn.model.q4_k import q4_k_at
+from pagedattn.model.q4_k import q4_k_at, sub_block_fields
 
 _V16 = ir.VectorType(I8, 16)
 
@@ -241,7 +241,7 @@ def q4_k_fields(
     count = packed.type.count
     lo = builder.and_(packed, ir.Constant(packed.type, [15] * count))
     hi = builder.lshr(packed, ir.Constant(packed.type, [4] * count))
-    return Q4KFields(lo, hi, builder.fmul(d, sc), builder.fneg(builder.fmul(dmin, m)))
+    return Q4KFields(lo, hi, *sub_block_fields(builder, d, dmin, sc, m))
 
 
 def block_offsets(

@@ -37,6 +37,14 @@ SUBS = 8  # Q4_K's 32-input sub-blocks per super-block
 FIELDS = 2 * SUBS * ROW_GROUP  # a group's scales and offsets of one super-block
 
 
+def sub_block_fields(
+    b: ir.IRBuilder, d: ir.Value, dmin: ir.Value, sc: ir.Value, m: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """Sub-blocks' scales ``d * sc`` and offsets ``-(dmin * m)`` (float32 scalars or vectors of
+    one shape; both products exact): the values every Q4_K reader here computes, in one order."""
+    return b.fmul(d, sc), b.fneg(b.fmul(dmin, m))
+
+
 def q4_k_at(builder: ir.IRBuilder, place: Place, field: str, j: int | ir.Value = 0) -> ir.Value:
     """Address (i8*) of element ``j`` (a sub-block; 0 for d and dmin) of a Q4_K ``field``
     (:data:`Q4_K_FIELDS`) of the row at ``place``: ``base + offset * group + (j * group +
@@ -69,9 +77,9 @@ class Q4KSuperBlock:
             for g in range(8):
                 values = b.insert_element(values, b.load(q4_k_at(b, place, name, g)), I32(g))
             fields.append(b.uitofp(values, v8))
-        scales = b.fmul(splat(b, d, 8), fields[0])
-        offsets = b.fneg(b.fmul(splat(b, dmin, 8), fields[1]))
-        self._lanes = Lanes(b, [scales, offsets])
+        self._lanes = Lanes(
+            b, list(sub_block_fields(b, splat(b, d, 8), splat(b, dmin, 8), *fields))
+        )
 
     def group(self, g: int) -> list[ir.Value]:
         b, place = self._builder, self._place
@@ -116,7 +124,7 @@ def q4_k_sub(builder: ir.IRBuilder, place: Place, sub: ir.Value) -> Q4KSub:
         b.load(b.bitcast(q4_k_at(b, place, f), F32.as_pointer()), align=1) for f in ("d", "dmin")
     )
     sc, m = (b.uitofp(b.load(q4_k_at(b, place, f, sub)), F32) for f in ("sc", "m"))
-    scale, offset = (splat(b, v, LANES) for v in (b.fmul(d, sc), b.fneg(b.fmul(dmin, m))))
+    scale, offset = (splat(b, v, LANES) for v in sub_block_fields(b, d, dmin, sc, m))
     return Q4KSub(b, place.base, (scale, offset, q4_k_at(b, place, "codes", sub)))
 
 
@@ -159,14 +167,12 @@ class Q4KGroupTile:
             ptr = b.bitcast(q4_k_at(b, first, field), ir.VectorType(ty, lanes).as_pointer())
             return b.load(ptr, align=1)
 
+        d, dmin = (loaded(f, F32, ROW_GROUP) for f in ("d", "dmin"))
+        sc, m = (b.uitofp(loaded(f, I8, count), floats) for f in ("sc", "m"))
+        spread_d, spread_dmin = (b.shuffle_vector(v, v, spread) for v in (d, dmin))
         at = b.mul(half, half.type(FIELDS))
-        for i, (whole, part) in enumerate((("d", "sc"), ("dmin", "m"))):
-            each = loaded(whole, F32, ROW_GROUP)
-            value = b.fmul(
-                b.shuffle_vector(each, each, spread), b.uitofp(loaded(part, I8, count), floats)
-            )
+        for i, value in enumerate(sub_block_fields(b, spread_d, spread_dmin, sc, m)):
             ptr = b.gep(self._slot, [I32(0), b.add(at, at.type(i * count))])
-            value = value if i == 0 else b.fneg(value)
             b.store(value, b.bitcast(ptr, floats.as_pointer()), align=4)
         hide(b, self._slot)
 
