@@ -44,7 +44,15 @@ from pagedattn.model.block_ir import (
     q5_fields,
     scale_offset,
 )
-from pagedattn.model.decoder_lanes import CODES16, V16I32, Decoder, Lanes, ints, looked_up
+from pagedattn.model.decoder_lanes import (
+    CODES16,
+    V16I32,
+    Decoder,
+    Lanes,
+    ints,
+    looked_up,
+    nibbles_looked_up,
+)
 from pagedattn.model.q4_k import Q4KSuperBlock, q4_k_sub
 
 GROUP = 32  # inputs per group
@@ -130,19 +138,15 @@ _CODES16_LESS_8 = ir.Constant(VF, [float(q - 8) for q in range(LANES)])
 def _looked_up_nibbles(builder: ir.IRBuilder, kind: int, block: ir.Value) -> list[ir.Value]:
     """A Q4_0 / Q4_1 block's 32 weights with AVX-512: its 16 possible weights computed once,
     by the fma :func:`~pagedattn.model.block_ir.decoded_block` applies to each input, then
-    each input's looked up by its code. Byte j of the codes holds input j (low nibble) and
-    input 16 + j (high); ``vpermps`` reads an index's low 4 bits only, so the low nibbles
-    need no mask."""
+    each input's looked up by its code (:func:`~.decoder_lanes.nibbles_looked_up`)."""
     d, m = scale_offset(builder, kind, block)
     if kind == 0:  # d * (code - 8): the same correctly rounded value as fma(d, code, -8 * d)
         table = builder.fmul(splat(builder, d, LANES), _CODES16_LESS_8)
     else:
         table = fma(builder, splat(builder, d, LANES), CODES16, splat(builder, m, LANES))
-    ptr = builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
-    raw = builder.load(builder.bitcast(ptr, ir.VectorType(I8, LANES).as_pointer()), align=1)
-    codes = builder.zext(raw, V16I32)
-    high = builder.lshr(codes, ints([4] * LANES))
-    return [looked_up(builder, table, codes), looked_up(builder, table, high)]
+    return nibbles_looked_up(
+        builder, table, builder.gep(block, [ir.Constant(_I64, LAYOUT[kind][1])])
+    )
 
 
 _CODES16_LESS_16 = ir.Constant(VF, [float(q - 16) for q in range(LANES)])

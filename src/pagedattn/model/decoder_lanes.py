@@ -39,6 +39,16 @@ def looked_up(builder: ir.IRBuilder, table: ir.Value, index: ir.Value) -> ir.Val
 CODES16 = ir.Constant(VF, [float(q) for q in range(LANES)])
 
 
+def nibbles_looked_up(builder: ir.IRBuilder, table: ir.Value, codes: ir.Value) -> list[ir.Value]:
+    """The 32 weights of 16 code bytes at ``codes`` (i8*; byte j: input j in the low nibble,
+    input 16 + j in the high), each ``table[code]`` (:func:`looked_up`, which reads an index's
+    low 4 bits only, so the low nibbles need no mask)."""
+    raw = builder.load(builder.bitcast(codes, ir.VectorType(I8, LANES).as_pointer()), align=1)
+    low = builder.zext(raw, V16I32)
+    high = builder.lshr(low, ints([4] * LANES))
+    return [looked_up(builder, table, low), looked_up(builder, table, high)]
+
+
 class Lanes:
     """The lanes of float vectors, each handed out splatted to LANES lanes.
 

@@ -28,7 +28,7 @@ from pagedattn.model.block_ir import (
     block_place,
     decoded_block,
 )
-from pagedattn.model.decoder_lanes import CODES16, V16I32, Decoder, Lanes, hide, ints, looked_up
+from pagedattn.model.decoder_lanes import CODES16, Decoder, Lanes, hide, nibbles_looked_up
 
 # field -> (byte offset in a row's 152 per super-block, bytes per sub-block element)
 Q4_K_FIELDS = {"d": (0, 4), "dmin": (4, 4), "sc": (8, 1), "m": (16, 1), "codes": (24, 16)}
@@ -93,11 +93,7 @@ def sub_block_weights(
     """The 32 weights of a Q4_K sub-block from its scale and offset (splatted to LANES) and
     its 16 code bytes at ``codes`` (i8*, Q4_1's order)."""
     if has_wide_registers():
-        table = fma(b, scale, CODES16, offset)
-        raw = b.load(b.bitcast(codes, ir.VectorType(I8, LANES).as_pointer()), align=1)
-        low = b.zext(raw, V16I32)
-        high = b.lshr(low, ints([4] * LANES))
-        return [looked_up(b, table, low), looked_up(b, table, high)]
+        return nibbles_looked_up(b, fma(b, scale, CODES16, offset), codes)
     lane0 = b.extract_element(scale, I32(0)), b.extract_element(offset, I32(0))
     return decoded_block(b, 1, base, (lane0[0], lane0[1], codes))
 
