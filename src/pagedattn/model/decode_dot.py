@@ -26,7 +26,7 @@ from pagedattn.model.block_ir import (
     row_group,
     super_block,
 )
-from pagedattn.model.q4_k import Q4KGroupTile
+from pagedattn.model.q4_k import SUBS, Q4KGroupTile
 
 DECODE_TILE = 4  # output rows decoded side by side in registers (decode kernel)
 STEPS = GROUP // LANES  # accumulator steps per group of 32 inputs
@@ -69,7 +69,7 @@ def make_decode_dot(rows: int, cols: int = 1) -> Any:
                     )
                 elements, size = SHAPES[kind]
                 # Q4_K: a 32-input sub-block per step, as the int8 tiles walk it
-                subs = 8 if kind == Q4_K else 1
+                subs = SUBS if kind == Q4_K else 1
                 accs = [ir.Constant(VF, [0.0] * LANES)] * (rows * cols)
                 supers = builder.sdiv(b_arr.shape[1], i64(size))
                 # a tile of rows of one group (tiles start at multiples of rows)
